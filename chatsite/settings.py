@@ -1,0 +1,237 @@
+"""Settings for chatsite, read from the environment (see .env.example and the README)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from generation.registry import UnknownModel, resolve_model
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def env_str(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def env_bool(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    if value.strip().lower() in _TRUE:
+        return True
+    if value.strip().lower() in _FALSE:
+        return False
+    raise ImproperlyConfigured(f"{name} must be 0 or 1 (got {value!r}).")
+
+
+def env_int(name: str, default: int | None, *, minimum: int = 0) -> int | None:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a whole number (got {value!r}).") from None
+    if number < minimum:
+        raise ImproperlyConfigured(f"{name} must be at least {minimum} (got {number}).")
+    return number
+
+
+def env_float(name: str, default: float, *, minimum: float = 0.0) -> float:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a number (got {value!r}).") from None
+    if not number > minimum:
+        raise ImproperlyConfigured(f"{name} must be greater than {minimum} (got {number}).")
+    return number
+
+
+def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    value = os.environ.get(name, default).strip()
+    if value not in choices:
+        raise ImproperlyConfigured(f"{name} must be one of {', '.join(choices)} (got {value!r}).")
+    return value
+
+
+def env_list(name: str, default: str) -> list[str]:
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+def env_device(name: str, default: str) -> str:
+    value = os.environ.get(name, default).strip()
+    index = value.removeprefix("cuda:")
+    if value in ("auto", "cpu", "cuda") or (value.startswith("cuda:") and index.isdigit()):
+        return value
+    raise ImproperlyConfigured(f"{name} must be auto, cpu, cuda or cuda:N (got {value!r}).")
+
+
+def _secret_key() -> str:
+    """Use DJANGO_SECRET_KEY, else one generated once per checkout into .env.local."""
+    if key := os.environ.get("DJANGO_SECRET_KEY"):
+        return key
+    local = BASE_DIR / ".env.local"
+    if local.exists():
+        for line in local.read_text().splitlines():
+            if line.startswith("DJANGO_SECRET_KEY="):
+                return line.partition("=")[2]
+    key = secrets.token_urlsafe(50)
+    with local.open("a") as file:
+        file.write(f"DJANGO_SECRET_KEY={key}\n")
+    print(f"warning: DJANGO_SECRET_KEY is not set; generated one into {local}", file=sys.stderr)
+    return key
+
+
+SECRET_KEY = _secret_key()
+DEBUG = env_bool("DJANGO_DEBUG", False)
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "channels",
+    "django_htmx",
+    "template_partials",
+    "accounts",
+    "generation",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "chatsite.urls"
+ASGI_APPLICATION = "chatsite.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# The contract's default is sqlite:///db.sqlite3; anchor it to the project so the
+# database is the same whichever directory a command runs from.
+_DEFAULT_DATABASE_URL = "sqlite:///db.sqlite3"
+_database_url = env_str("DATABASE_URL", _DEFAULT_DATABASE_URL)
+if _database_url == _DEFAULT_DATABASE_URL:
+    _database_url = f"sqlite:///{BASE_DIR / 'db.sqlite3'}"
+try:
+    DATABASES = {"default": dj_database_url.parse(_database_url, conn_max_age=60)}
+except ValueError as error:
+    raise ImproperlyConfigured(f"DATABASE_URL is not a valid database URL: {error}") from None
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # The engine thread writes while requests read: WAL and a busy timeout keep
+    # SQLite from answering "database is locked".
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 20,
+        "transaction_mode": "IMMEDIATE",
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = env_str("REDIS_URL", "").strip() or None
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": "chatsite"},
+        }
+    }
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": "chatsite",
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+LOGIN_URL = "accounts:login"
+LOGIN_REDIRECT_URL = "generation:chat"
+LOGOUT_REDIRECT_URL = "accounts:login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}
+
+# Models and generation (DESIGN.md §3-§5).
+CHAT_MODEL = env_str("CHAT_MODEL", "smollm2-135m-instruct").strip()
+CHAT_DEVICE = env_device("CHAT_DEVICE", "auto")
+MODEL_CACHE_DIR = Path(env_str("MODEL_CACHE_DIR", ".cache/models"))
+if not MODEL_CACHE_DIR.is_absolute():
+    MODEL_CACHE_DIR = BASE_DIR / MODEL_CACHE_DIR
+GENERATION_BACKEND = env_choice("GENERATION_BACKEND", "inprocess", ("inprocess", "celery"))
+GENERATION_MAX_CONCURRENT = env_int("GENERATION_MAX_CONCURRENT", None, minimum=1)
+GENERATION_MAX_QUEUE = env_int("GENERATION_MAX_QUEUE", 64, minimum=0)
+CHAT_ENABLE_SYNTHETIC = env_bool("CHAT_ENABLE_SYNTHETIC", False)
+CHAT_SYNTHETIC_TOKENS_PER_S = env_float("CHAT_SYNTHETIC_TOKENS_PER_S", 50.0)
+try:
+    resolve_model(CHAT_MODEL, synthetic_enabled=CHAT_ENABLE_SYNTHETIC)
+except UnknownModel as error:
+    raise ImproperlyConfigured(f"CHAT_MODEL: {error}") from None
+
+CELERY_BROKER_URL = REDIS_URL or "memory://"
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_ALWAYS_EAGER = not REDIS_URL
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": "INFO"},
+    "loggers": {"django": {"level": "INFO"}},
+}

@@ -1,0 +1,203 @@
+"""The engine: a bounded queue of generation jobs and a worker thread that runs them.
+
+The worker loads its generator once, then for each job calls the generator and
+publishes what it produces to the stream store: `token` events, then exactly one
+`done` or `error`. The job's callbacks save the result (the producer saves, not the
+reader) before the terminal event is published, so a reader that sees `done` finds
+the saved message. No Django imports here.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from generation.generators import ContextLengthExceeded, GenerationParams, Generator, Messages
+from generation.streams import StreamStore
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    text: str
+    status: str  # "complete" | "stopped" | "error"
+    finish_reason: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    ttft_s: float | None = None
+    duration_s: float = 0.0
+    error: str = ""
+
+    def summary(self) -> dict[str, Any]:
+        """The `done` event's data."""
+        decode_s = self.duration_s - (self.ttft_s or 0.0)
+        return {
+            "status": self.status,
+            "finish_reason": self.finish_reason,
+            "usage": {
+                "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+            },
+            "timings": {
+                "ttft_ms": None if self.ttft_s is None else round(self.ttft_s * 1000, 1),
+                "duration_ms": round(self.duration_s * 1000, 1),
+                "tokens_per_s": round((self.completion_tokens - 1) / decode_s, 2)
+                if self.completion_tokens > 1 and decode_s > 0
+                else None,
+            },
+        }
+
+
+@dataclass
+class Job:
+    stream_id: str
+    messages: Messages
+    params: GenerationParams = field(default_factory=GenerationParams)
+    # Called from the engine thread with the text so far, at most every
+    # `progress_interval_s`, and with the final result.
+    on_progress: Callable[[str], None] | None = None
+    on_finish: Callable[[GenerationResult], None] | None = None
+
+
+class EngineOverloaded(RuntimeError):
+    pass
+
+
+class Engine:
+    def __init__(
+        self,
+        load: Callable[[], Generator],
+        store: StreamStore,
+        *,
+        max_queue: int = 64,
+        progress_interval_s: float = 2.0,
+    ) -> None:
+        self._load = load
+        self.store = store
+        self.max_queue = max_queue
+        self.progress_interval_s = progress_interval_s
+        self.generator: Generator | None = None
+        self.load_error: str | None = None
+        self.active = 0
+        self._jobs: queue.Queue[Job | None] = queue.Queue()
+        self._submit_lock = threading.Lock()
+        self._ready = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    @property
+    def queued(self) -> int:
+        return self._jobs.qsize()
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        return self._ready.wait(timeout)
+
+    def start(self) -> None:
+        with self._submit_lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._work, name="chatsite-engine", daemon=True)
+                self._thread.start()
+
+    def submit(self, job: Job) -> None:
+        """Queue a job, or refuse it at once when `max_queue` jobs already wait."""
+        with self._submit_lock:
+            if self._jobs.qsize() >= self.max_queue:
+                raise EngineOverloaded(f"{self._jobs.qsize()} generations are already waiting")
+            self.store.create(job.stream_id)
+            self._jobs.put(job)
+        self.start()
+
+    def cancel(self, stream_id: str) -> bool:
+        return self.store.cancel(stream_id)
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Finish the running job, then end the worker thread."""
+        self._jobs.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _work(self) -> None:
+        try:
+            self.generator = self._load()
+            self._ready.set()
+        except Exception as error:
+            logger.exception("Model failed to load")
+            self.load_error = f"{type(error).__name__}: {error}"
+        while (job := self._jobs.get()) is not None:
+            self.active = 1
+            try:
+                self._run(job)
+            finally:
+                self.active = 0
+
+    def _run(self, job: Job) -> None:
+        started = time.monotonic()
+        pieces: list[str] = []
+        first_token_at: float | None = None
+        last_progress = started
+
+        def on_token(text: str) -> None:
+            nonlocal first_token_at, last_progress
+            now = time.monotonic()
+            if first_token_at is None:
+                first_token_at = now
+            pieces.append(text)
+            self.store.append(job.stream_id, "token", {"delta": text})
+            if job.on_progress and now - last_progress >= self.progress_interval_s:
+                last_progress = now
+                _call_safely(job.on_progress, "".join(pieces))
+
+        def should_stop() -> bool:
+            return self.store.is_cancelled(job.stream_id)
+
+        def result(**kwargs: Any) -> GenerationResult:
+            return GenerationResult(
+                text="".join(pieces),
+                ttft_s=None if first_token_at is None else first_token_at - started,
+                duration_s=time.monotonic() - started,
+                **kwargs,
+            )
+
+        try:
+            if self.generator is None:
+                raise RuntimeError(f"the model is not loaded ({self.load_error})")
+            if should_stop():  # cancelled while waiting in the queue
+                outcome_kwargs: dict[str, Any] = {"status": "stopped", "finish_reason": "cancelled"}
+            else:
+                outcome = self.generator.generate(job.messages, job.params, on_token, should_stop)
+                outcome_kwargs = {
+                    "status": "stopped" if outcome.finish_reason == "cancelled" else "complete",
+                    "finish_reason": outcome.finish_reason,
+                    "prompt_tokens": outcome.prompt_tokens,
+                    "completion_tokens": outcome.completion_tokens,
+                }
+            final = result(**outcome_kwargs)
+        except ContextLengthExceeded as error:
+            final = result(status="error", finish_reason="error", error=str(error))
+        except Exception as error:
+            logger.exception("Generation %s failed", job.stream_id)
+            final = result(status="error", finish_reason="error", error=f"Generation failed: {error}")
+        if job.on_finish:
+            _call_safely(job.on_finish, final)
+        if final.status == "error":
+            self.store.append(job.stream_id, "error", {"message": final.error, **final.summary()})
+        else:
+            self.store.append(job.stream_id, "done", final.summary())
+
+
+def _call_safely(callback: Callable[[Any], None], argument: Any) -> None:
+    # A failing save must not kill the engine thread or leave the stream open.
+    try:
+        callback(argument)
+    except Exception:
+        logger.exception("Generation callback %r failed", callback)

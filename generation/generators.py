@@ -1,0 +1,220 @@
+"""Token sources behind the engine: a transformers model, or the synthetic model.
+
+A generator turns chat messages into text pieces, calling `on_token` as each piece
+is ready and checking `should_stop` at every decoding step. No Django imports here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from generation.registry import ModelSpec
+
+logger = logging.getLogger(__name__)
+
+Messages = list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    max_tokens: int = 256
+    temperature: float = 0.7
+    top_p: float = 1.0
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class GenerationOutcome:
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str  # "stop" | "length" | "cancelled"
+
+
+class ContextLengthExceeded(ValueError):
+    pass
+
+
+class Generator(Protocol):
+    name: str
+    context_length: int
+
+    def generate(
+        self,
+        messages: Messages,
+        params: GenerationParams,
+        on_token: Callable[[str], None],
+        should_stop: Callable[[], bool],
+    ) -> GenerationOutcome: ...
+
+
+class TransformersGenerator:
+    def __init__(self, name: str, model: Any, tokenizer: Any) -> None:
+        import torch
+
+        self.name = name
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = model.device
+        self.context_length = int(getattr(model.config, "max_position_embeddings", 2048))
+        eos = model.generation_config.eos_token_id
+        self.eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        self._torch = torch
+
+    def generate(
+        self,
+        messages: Messages,
+        params: GenerationParams,
+        on_token: Callable[[str], None],
+        should_stop: Callable[[], bool],
+    ) -> GenerationOutcome:
+        from transformers import StoppingCriteriaList
+
+        torch = self._torch
+        inputs = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+        ).to(self.device)
+        prompt_tokens = int(inputs["input_ids"].shape[1])
+        room = self.context_length - prompt_tokens
+        if room <= 0:
+            raise ContextLengthExceeded(
+                f"The conversation is {prompt_tokens} tokens long; "
+                f"this model's context holds {self.context_length}."
+            )
+        streamer = _DeltaStreamer(self.tokenizer, on_token, self.eos_ids)
+        sampling: dict[str, Any] = {"do_sample": False}
+        if params.temperature > 0:
+            sampling = {"do_sample": True, "temperature": params.temperature, "top_p": params.top_p}
+            if params.seed is not None:
+                torch.manual_seed(params.seed)
+        with torch.inference_mode():
+            self.model.generate(
+                **inputs,
+                **sampling,
+                max_new_tokens=min(params.max_tokens, room),
+                streamer=streamer,
+                stopping_criteria=StoppingCriteriaList([_CancelCriteria(should_stop)]),
+                pad_token_id=self.tokenizer.pad_token_id or next(iter(self.eos_ids), None),
+            )
+        if should_stop():
+            finish_reason = "cancelled"
+        elif streamer.last_id in self.eos_ids:
+            finish_reason = "stop"
+        else:
+            finish_reason = "length"
+        return GenerationOutcome(prompt_tokens, streamer.count, finish_reason)
+
+
+class _DeltaStreamer:
+    """Feeds each new token's text to a callback as soon as it is complete.
+
+    tokenizers' DecodeStream decodes one token at a time in O(1) and holds back
+    bytes of a character split across tokens. (TextIteratorStreamer re-decodes the
+    tail and waits for a word boundary, which delays the first token.)
+    """
+
+    def __init__(self, tokenizer: Any, on_token: Callable[[str], None], eos_ids: set[int]) -> None:
+        from tokenizers.decoders import DecodeStream
+
+        self._backend = tokenizer._tokenizer
+        self._decoder = DecodeStream(skip_special_tokens=True)
+        self._on_token = on_token
+        self._eos_ids = eos_ids
+        self._prompt_seen = False
+        self.count = 0
+        self.last_id: int | None = None
+
+    def put(self, value: Any) -> None:
+        if not self._prompt_seen:  # generate() first hands over the prompt
+            self._prompt_seen = True
+            return
+        for token_id in value.reshape(-1).tolist():
+            self.count += 1
+            self.last_id = token_id
+            if token_id in self._eos_ids:
+                continue
+            if text := self._decoder.step(self._backend, token_id):
+                self._on_token(text)
+
+    def end(self) -> None:
+        pass
+
+
+class _CancelCriteria:
+    """Ends generation at the next decoding step once the cancel flag is set."""
+
+    def __init__(self, should_stop: Callable[[], bool]) -> None:
+        self._should_stop = should_stop
+
+    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        import torch
+
+        return torch.full((input_ids.shape[0],), self._should_stop(), dtype=torch.bool, device=input_ids.device)
+
+
+SYNTHETIC_WORDS = (
+    "Streaming tokens one at a time lets people read the answer while it is still being "
+    "written, and lets them stop it early when it goes the wrong way."
+).split()
+
+
+class SyntheticGenerator:
+    """Emits words at a fixed rate with no neural network, for load and fault tests."""
+
+    name = "synthetic"
+    context_length = 1_000_000
+
+    def __init__(self, tokens_per_s: float, answer_words: int = 64) -> None:
+        self.interval = 1.0 / tokens_per_s
+        self.answer_words = answer_words
+
+    def generate(
+        self,
+        messages: Messages,
+        params: GenerationParams,
+        on_token: Callable[[str], None],
+        should_stop: Callable[[], bool],
+    ) -> GenerationOutcome:
+        prompt_tokens = sum(len(m["content"].split()) for m in messages)
+        words = itertools.cycle(SYNTHETIC_WORDS)
+        limit = min(params.max_tokens, self.answer_words)
+        count = 0
+        next_at = time.monotonic()
+        while count < limit:
+            if should_stop():
+                return GenerationOutcome(prompt_tokens, count, "cancelled")
+            next_at += self.interval
+            time.sleep(max(0.0, next_at - time.monotonic()))
+            on_token(("" if count == 0 else " ") + next(words))
+            count += 1
+        finish_reason = "length" if limit < self.answer_words else "stop"
+        return GenerationOutcome(prompt_tokens, count, finish_reason)
+
+
+def load_generator(spec: ModelSpec, *, cache_dir: Path, device: str, synthetic_tokens_per_s: float) -> Generator:
+    """Build the generator for a model spec, converting packaged GGUF weights once."""
+    from generation.loading import assemble_gguf, cached_conversion, convert_gguf, load_pretrained, resolve_device
+
+    if spec.synthetic:
+        return SyntheticGenerator(synthetic_tokens_per_s)
+    torch_device = resolve_device(device)
+    started = time.monotonic()
+    if spec.gguf_parts:
+        gguf = assemble_gguf(spec, cache_dir)
+        model, tokenizer = cached_conversion(  # type: ignore[misc]
+            gguf,
+            cache_dir,
+            convert=lambda source, target: convert_gguf(source, target, chat_template=spec.chat_template),
+            load=lambda model_dir: load_pretrained(model_dir, torch_device),
+        )
+    else:
+        model, tokenizer = load_pretrained(spec.source, torch_device)
+        if spec.chat_template and not tokenizer.chat_template:
+            tokenizer.chat_template = spec.chat_template
+    logger.info("Loaded %s on %s in %.1f s", spec.name, torch_device, time.monotonic() - started)
+    return TransformersGenerator(spec.name, model, tokenizer)

@@ -1,0 +1,133 @@
+"""Load a model for generation: device choice, and the convert-once cache for GGUF.
+
+De-quantising a GGUF takes 20-50 s, so it is done once and the result kept as
+safetensors under MODEL_CACHE_DIR/<sha256 of the GGUF>/; later loads take well
+under a second. No Django imports here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from generation.registry import ModelSpec
+
+logger = logging.getLogger(__name__)
+
+COMPLETE_MARKER = "chatsite-complete.json"
+
+
+def resolve_device(setting: str) -> torch.device:
+    """CHAT_DEVICE → a torch device; `auto` means CUDA when there is one."""
+    if setting == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if setting.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"CHAT_DEVICE={setting} but CUDA is not available")
+    return torch.device(setting)
+
+
+def dtype_for(device: torch.device) -> torch.dtype:
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        while chunk := file.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def cached_conversion(
+    source: Path,
+    cache_dir: Path,
+    convert: Callable[[Path, Path], None],
+    load: Callable[[Path], object],
+) -> object:
+    """Load the converted copy of `source`, converting it first when missing or broken.
+
+    The cache entry is keyed by the source's sha256 and only counts once its
+    completion marker is written, so an interrupted conversion is redone, and
+    one that no longer loads is rebuilt.
+    """
+    sha = file_sha256(source)
+    target = cache_dir / sha
+    if (target / COMPLETE_MARKER).exists():
+        try:
+            return load(target)
+        except Exception:
+            logger.warning("Cached model in %s does not load; converting again", target, exc_info=True)
+    shutil.rmtree(target, ignore_errors=True)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    building = Path(tempfile.mkdtemp(prefix=f"{sha[:12]}-", dir=cache_dir))
+    try:
+        logger.info("Converting %s once into %s (this takes a while)", source.name, target)
+        convert(source, building)
+        (building / COMPLETE_MARKER).write_text(json.dumps({"source": source.name, "sha256": sha}))
+        os.replace(building, target)
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
+    return load(target)
+
+
+def assemble_gguf(spec: ModelSpec, cache_dir: Path) -> Path:
+    """The GGUF file of a packaged model; multi-part ones are joined once into the cache."""
+    paths = [part.locate() for part in spec.gguf_parts]
+    missing = [part.package for part, path in zip(spec.gguf_parts, paths) if path is None]
+    if missing:
+        raise FileNotFoundError(f"{spec.name}: packages not installed: {', '.join(missing)}")
+    if len(paths) == 1:
+        assert paths[0] is not None
+        return paths[0]
+    joined = cache_dir / "gguf" / spec.gguf_name
+    total = sum(path.stat().st_size for path in paths if path)
+    if not joined.exists() or joined.stat().st_size != total:
+        joined.parent.mkdir(parents=True, exist_ok=True)
+        partial = joined.with_suffix(".partial")
+        with partial.open("wb") as out:
+            for path in paths:
+                assert path is not None
+                with path.open("rb") as part:
+                    shutil.copyfileobj(part, out, 1 << 20)
+        os.replace(partial, joined)
+    return joined
+
+
+def convert_gguf(gguf: Path, target: Path, *, chat_template: str | None = None) -> None:
+    """De-quantise a GGUF into a safetensors model directory with its tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # A model loaded from GGUF refuses save_pretrained while it carries its
+    # quantizer marker, although its weights are plain tensors by now.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    if chat_template and not tokenizer.chat_template:
+        tokenizer.chat_template = chat_template
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+
+
+def load_pretrained(model_dir: str | Path, device: torch.device) -> tuple[object, object]:
+    """Load a causal LM and its tokenizer from a directory or hub id onto `device`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs: dict[str, object] = {"dtype": dtype_for(device)}
+    if device.type == "cuda":
+        kwargs["device_map"] = "auto" if device.index is None else {"": device.index}
+    model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
+    if device.type != "cuda":
+        model.to(device)
+    model.eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return model, tokenizer

@@ -1,0 +1,170 @@
+"""Stream stores: the ordered, replayable events of each generation.
+
+The producer (the engine thread) appends events; any number of readers, in any
+event loop, read them back from any point. Readers never talk to the producer.
+No Django imports here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+TERMINAL_EVENTS = frozenset({"done", "error"})
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    seq: int
+    type: str
+    data: dict[str, Any]
+
+    @property
+    def terminal(self) -> bool:
+        return self.type in TERMINAL_EVENTS
+
+
+class StreamNotFound(LookupError):
+    pass
+
+
+class StreamStore(Protocol):
+    def create(self, stream_id: str) -> None: ...
+    def append(self, stream_id: str, type: str, data: dict[str, Any]) -> int: ...
+    def exists(self, stream_id: str) -> bool: ...
+    def cancel(self, stream_id: str) -> bool: ...
+    def is_cancelled(self, stream_id: str) -> bool: ...
+    def events(self, stream_id: str, after: int = 0) -> list[StreamEvent]: ...
+    def read(
+        self, stream_id: str, after: int = 0, *, heartbeat_s: float | None = None
+    ) -> AsyncIterator[list[StreamEvent]]: ...
+
+
+@dataclass
+class _Stream:
+    events: list[StreamEvent] = field(default_factory=list)
+    cancelled: bool = False
+    finished_at: float | None = None
+    waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = field(default_factory=list)
+
+
+class InMemoryStreamStore:
+    """Streams of one process, kept `retention_s` seconds after their terminal event."""
+
+    def __init__(self, retention_s: float = 600.0) -> None:
+        self.retention_s = retention_s
+        self._lock = threading.Lock()
+        self._streams: dict[str, _Stream] = {}
+
+    def create(self, stream_id: str) -> None:
+        with self._lock:
+            self._expire_finished()
+            self._streams.setdefault(stream_id, _Stream())
+
+    def append(self, stream_id: str, type: str, data: dict[str, Any]) -> int:
+        with self._lock:
+            stream = self._get(stream_id)
+            if stream.finished_at is not None:
+                raise ValueError(f"stream {stream_id} already ended")
+            event = StreamEvent(seq=len(stream.events) + 1, type=type, data=data)
+            stream.events.append(event)
+            if event.terminal:
+                stream.finished_at = time.monotonic()
+            waiters, stream.waiters = stream.waiters, []
+        for loop, waiter in waiters:
+            # Readers live in event loops; the producer is a plain thread.
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(waiter.set)
+        return event.seq
+
+    def exists(self, stream_id: str) -> bool:
+        with self._lock:
+            return stream_id in self._streams
+
+    def cancel(self, stream_id: str) -> bool:
+        with self._lock:
+            stream = self._streams.get(stream_id)
+            if stream is None:
+                return False
+            stream.cancelled = True
+            return True
+
+    def is_cancelled(self, stream_id: str) -> bool:
+        with self._lock:
+            stream = self._streams.get(stream_id)
+            return stream is not None and stream.cancelled
+
+    def events(self, stream_id: str, after: int = 0) -> list[StreamEvent]:
+        with self._lock:
+            return self._get(stream_id).events[after:]
+
+    async def read(
+        self, stream_id: str, after: int = 0, *, heartbeat_s: float | None = None
+    ) -> AsyncIterator[list[StreamEvent]]:
+        """Yield batches of events after `after` until the terminal one.
+
+        Events that arrived while the reader was busy come as one batch, so a slow
+        reader catches up instead of falling behind. An empty batch means
+        `heartbeat_s` passed with nothing new.
+        """
+        loop = asyncio.get_running_loop()
+        cursor = after
+        while True:
+            waiter = None
+            with self._lock:
+                stream = self._get(stream_id)
+                batch = stream.events[cursor:]
+                if not batch and stream.finished_at is not None:
+                    return  # resumed after the terminal event: nothing more will come
+                if not batch:
+                    waiter = asyncio.Event()
+                    stream.waiters.append((loop, waiter))
+            if batch:
+                cursor = batch[-1].seq
+                yield batch
+                if batch[-1].terminal:
+                    return
+                continue
+            assert waiter is not None
+            try:
+                await asyncio.wait_for(waiter.wait(), heartbeat_s)
+            except TimeoutError:
+                yield []
+
+    def _get(self, stream_id: str) -> _Stream:
+        try:
+            return self._streams[stream_id]
+        except KeyError:
+            raise StreamNotFound(stream_id) from None
+
+    def _expire_finished(self) -> None:
+        cutoff = time.monotonic() - self.retention_s
+        expired = [
+            stream_id
+            for stream_id, stream in self._streams.items()
+            if stream.finished_at is not None and stream.finished_at < cutoff
+        ]
+        for stream_id in expired:
+            del self._streams[stream_id]
+
+
+def sse_event(data: str | dict[str, Any], *, event: str | None = None, id: int | None = None) -> bytes:
+    """Format one Server-Sent Event; multi-line data becomes several data: lines."""
+    text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    lines = []
+    if id is not None:
+        lines.append(f"id: {id}")
+    if event is not None:
+        lines.append(f"event: {event}")
+    normalised = text.replace("\r\n", "\n").replace("\r", "\n")
+    lines.extend(f"data: {line}" for line in normalised.split("\n"))
+    return ("\n".join(lines) + "\n\n").encode()
+
+
+def sse_comment(text: str) -> bytes:
+    return f": {text}\n\n".encode()

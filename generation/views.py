@@ -1,0 +1,123 @@
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from django.conf import settings
+from django.contrib.auth.decorators import login_required
+from django.db import connection
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET, require_http_methods
+from django_htmx.middleware import HtmxDetails
+
+from generation import runtime, services
+from generation.engine import EngineOverloaded
+from generation.forms import PromptForm
+from generation.models import Conversation
+
+RETRY_AFTER_S = 5
+
+
+class HtmxHttpRequest(HttpRequest):
+    htmx: HtmxDetails
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def chat(request: HtmxHttpRequest) -> HttpResponse:
+    """A new, empty chat; its first prompt creates the conversation."""
+    if request.method == "POST":
+        return _send(request, None)
+    return _page(request, None, PromptForm())
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def conversation(request: HtmxHttpRequest, conversation_id: UUID) -> HttpResponse:
+    found = get_object_or_404(Conversation, id=conversation_id, user=request.user)
+    if request.method == "POST":
+        return _send(request, found)
+    return _page(request, found, PromptForm())
+
+
+def _send(request: HtmxHttpRequest, conversation: Conversation | None) -> HttpResponse:
+    form = PromptForm(request.POST)
+    if not form.is_valid():
+        return _refuse(request, conversation, form, status=422)
+    is_new = conversation is None
+    if conversation is None:
+        conversation = services.conversation_create(user=request.user)
+    try:
+        prompt, answer = services.message_send(conversation=conversation, prompt=form.cleaned_data["prompt"])
+    except EngineOverloaded:
+        form.add_error(None, "The server is busy right now. Your message is saved; try again in a moment.")
+        response = _refuse(request, conversation, form, status=503)
+        response["Retry-After"] = str(RETRY_AFTER_S)
+        return response
+    if not request.htmx:
+        return redirect(conversation)
+    context = {"conversation": conversation, "messages": [prompt, answer], "form": PromptForm(), "is_new": is_new}
+    response = render(request, "generation/_sent.html", context)
+    if is_new:
+        response["HX-Push-Url"] = conversation.get_absolute_url()
+    return response
+
+
+def _refuse(
+    request: HtmxHttpRequest, conversation: Conversation | None, form: PromptForm, *, status: int
+) -> HttpResponse:
+    if request.htmx:
+        response = render(request, "generation/_composer.html", {"conversation": conversation, "form": form})
+        response["HX-Retarget"] = "#composer"
+        response["HX-Reswap"] = "outerHTML"
+        response.status_code = status
+        return response
+    response = _page(request, conversation, form)
+    response.status_code = status
+    return response
+
+
+def _page(request: HtmxHttpRequest, conversation: Conversation | None, form: PromptForm) -> HttpResponse:
+    context: dict[str, Any] = {
+        "conversation": conversation,
+        "conversations": request.user.conversations.only("id", "title", "updated_at")[:100],
+        "messages": conversation.messages.all() if conversation else [],
+        "form": form,
+    }
+    return render(request, "generation/chat.html", context)
+
+
+@require_GET
+def healthz(request: HttpRequest) -> HttpResponse:
+    """The process is up."""
+    return JsonResponse({"status": "ok"})
+
+
+@require_GET
+@never_cache
+def readyz(request: HttpRequest) -> HttpResponse:
+    """Ready to serve: model loaded, database (and Redis when configured) reachable."""
+    checks: dict[str, str] = {}
+    engine = runtime.engine()
+    checks["model"] = "ok" if engine.ready else (engine.load_error or "loading")
+    checks["database"] = _check(lambda: connection.ensure_connection())
+    if settings.REDIS_URL:
+        checks["redis"] = _check(_ping_redis)
+    ready = all(value == "ok" for value in checks.values())
+    return JsonResponse({"status": "ok" if ready else "unavailable", "checks": checks}, status=200 if ready else 503)
+
+
+def _check(probe: Any) -> str:
+    try:
+        probe()
+    except Exception as error:
+        return f"{type(error).__name__}: {error}"
+    return "ok"
+
+
+def _ping_redis() -> None:
+    import redis
+
+    redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1, socket_connect_timeout=1).ping()

@@ -1,0 +1,108 @@
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+from django.conf import settings as django_settings
+from django.test import Client
+
+from generation import runtime
+from generation.engine import Engine
+from generation.generators import Generator, SyntheticGenerator, load_generator
+from generation.registry import resolve_model
+from generation.streams import InMemoryStreamStore, StreamEvent
+
+PASSWORD = "correct-horse-battery-staple"
+
+
+@pytest.fixture(autouse=True)
+def _plain_static_storage(settings):
+    # The manifest storage needs collectstatic; tests render templates without it.
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    }
+
+
+@pytest.fixture
+def alice(django_user_model):
+    return django_user_model.objects.create_user("alice", password=PASSWORD)
+
+
+@pytest.fixture
+def bob(django_user_model):
+    return django_user_model.objects.create_user("bob", password=PASSWORD)
+
+
+@pytest.fixture
+def alice_client(alice) -> Client:
+    client = Client()
+    client.force_login(alice)
+    return client
+
+
+@pytest.fixture
+def bob_client(bob) -> Client:
+    client = Client()
+    client.force_login(bob)
+    return client
+
+
+@pytest.fixture
+def stream_store(monkeypatch) -> InMemoryStreamStore:
+    """A fresh stream store, and no engines, for this test's runtime."""
+    store = InMemoryStreamStore()
+    monkeypatch.setattr(runtime, "_store", store)
+    monkeypatch.setattr(runtime, "_engines", {})
+    return store
+
+
+@pytest.fixture(scope="session")
+def smollm() -> Generator:
+    """The real packaged SmolLM2-135M-Instruct, loaded once per test session."""
+    spec = resolve_model("smollm2-135m-instruct")
+    return load_generator(
+        spec, cache_dir=django_settings.MODEL_CACHE_DIR, device="cpu", synthetic_tokens_per_s=50
+    )
+
+
+def install_engine(store: InMemoryStreamStore, generator: Generator, **kwargs) -> Engine:
+    engine = Engine(lambda: generator, store, **kwargs)
+    engine.start()
+    assert engine.wait_ready(30)
+    runtime._engines[django_settings.CHAT_MODEL] = engine
+    return engine
+
+
+@pytest.fixture
+def real_engine(stream_store, smollm) -> Iterator[Engine]:
+    engine = install_engine(stream_store, smollm)
+    yield engine
+    engine.stop(timeout=30)
+
+
+@pytest.fixture
+def fast_engine(stream_store) -> Iterator[Engine]:
+    """A test double: the synthetic model at 500 words/s, through the same engine."""
+    engine = install_engine(stream_store, SyntheticGenerator(tokens_per_s=500, answer_words=12))
+    yield engine
+    engine.stop(timeout=10)
+
+
+def wait_for_terminal(store: InMemoryStreamStore, stream_id: str, timeout: float = 60) -> list[StreamEvent]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        events = store.events(stream_id)
+        if events and events[-1].terminal:
+            return events
+        time.sleep(0.01)
+    raise AssertionError(f"stream {stream_id} did not end within {timeout} s")
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.01)

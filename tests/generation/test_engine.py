@@ -1,0 +1,139 @@
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from generation.engine import Engine, EngineOverloaded, GenerationResult, Job
+from generation.generators import GenerationParams, SyntheticGenerator
+from generation.streams import InMemoryStreamStore
+from tests.conftest import wait_for_terminal, wait_until
+
+GREEDY = GenerationParams(max_tokens=12, temperature=0)
+PROMPT = [{"role": "user", "content": "Name three colours."}]
+
+
+def test_greedy_generation_streams_numbered_tokens_then_one_done(real_engine, smollm):
+    finished: list[GenerationResult] = []
+    real_engine.submit(Job("s1", PROMPT, GREEDY, on_finish=finished.append))
+
+    events = wait_for_terminal(real_engine.store, "s1")
+
+    tokens, done = events[:-1], events[-1]
+    assert len(tokens) >= 3
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert {e.type for e in tokens} == {"token"} and done.type == "done"
+    usage = done.data["usage"]
+    assert usage["prompt_tokens"] > 5
+    assert usage["completion_tokens"] == 12 and done.data["finish_reason"] == "length"
+    assert done.data["timings"]["ttft_ms"] > 0
+    # The streamed text is exactly what a plain greedy generate() produces.
+    inputs = smollm.tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    output = smollm.model.generate(**inputs, max_new_tokens=12, do_sample=False)
+    expected = smollm.tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+    streamed = "".join(e.data["delta"] for e in tokens)
+    assert streamed == expected
+    assert finished[0].text == streamed and finished[0].status == "complete"
+
+
+def test_model_that_ends_its_answer_reports_stop(real_engine):
+    real_engine.submit(Job("s1", [{"role": "user", "content": "Reply with just the word: yes"}], GenerationParams(max_tokens=64, temperature=0)))
+    done = wait_for_terminal(real_engine.store, "s1")[-1]
+    assert done.data["finish_reason"] == "stop"
+    assert done.data["usage"]["completion_tokens"] < 64
+
+
+def test_cancel_stops_generation_within_a_step(real_engine):
+    long = GenerationParams(max_tokens=300, temperature=0)
+    finished: list[GenerationResult] = []
+    real_engine.submit(Job("s1", [{"role": "user", "content": "Write a long story about a dragon."}], long, on_finish=finished.append))
+    wait_until(lambda: len(real_engine.store.events("s1")) >= 3)
+
+    real_engine.cancel("s1")
+    events = wait_for_terminal(real_engine.store, "s1")
+
+    done = events[-1]
+    assert done.data["finish_reason"] == "cancelled" and done.data["status"] == "stopped"
+    # One step may already be under way when the flag is set.
+    cancelled_at = sum(1 for e in events if e.type == "token")
+    assert done.data["usage"]["completion_tokens"] <= cancelled_at + 2 < 300
+    assert finished[0].text == "".join(e.data["delta"] for e in events[:-1])
+
+
+def test_progress_is_saved_while_streaming():
+    store = InMemoryStreamStore()
+    engine = Engine(lambda: SyntheticGenerator(tokens_per_s=200, answer_words=40), store, progress_interval_s=0.05)
+    saved: list[str] = []
+    engine.submit(Job("s1", PROMPT, on_progress=saved.append))
+    wait_for_terminal(store, "s1")
+    engine.stop(5)
+    assert len(saved) >= 2
+    assert all(later.startswith(earlier) for earlier, later in zip(saved, saved[1:]))
+
+
+def test_job_cancelled_while_queued_never_runs():
+    store = InMemoryStreamStore()
+    engine = Engine(lambda: SyntheticGenerator(tokens_per_s=100, answer_words=20), store)
+    engine.submit(Job("first", PROMPT))
+    engine.submit(Job("second", PROMPT))
+    engine.cancel("second")
+    events = wait_for_terminal(store, "second")
+    engine.stop(5)
+    assert [e.type for e in events] == ["done"]
+    assert events[0].data["status"] == "stopped"
+
+
+def test_queue_refuses_beyond_its_bound():
+    store = InMemoryStreamStore()
+    release = threading.Event()
+
+    def slow_load():
+        release.wait(10)
+        return SyntheticGenerator(tokens_per_s=1000, answer_words=1)
+
+    engine = Engine(slow_load, store, max_queue=2)
+    engine.submit(Job("a", PROMPT))
+    engine.submit(Job("b", PROMPT))
+    with pytest.raises(EngineOverloaded):
+        engine.submit(Job("c", PROMPT))
+    assert not store.exists("c")
+    release.set()
+    assert wait_for_terminal(store, "b")[-1].type == "done"
+    engine.stop(5)
+
+
+def test_a_model_that_fails_to_load_ends_each_stream_with_an_error():
+    store = InMemoryStreamStore()
+
+    def broken_load():
+        raise OSError("weights missing")
+
+    engine = Engine(broken_load, store)
+    engine.submit(Job("s1", PROMPT))
+    events = wait_for_terminal(store, "s1")
+    engine.stop(5)
+    assert not engine.ready and "weights missing" in (engine.load_error or "")
+    assert [e.type for e in events] == ["error"]
+    assert "not loaded" in events[0].data["message"]
+
+
+def test_prompt_longer_than_the_context_is_an_error_event(real_engine, monkeypatch):
+    monkeypatch.setattr(real_engine.generator, "context_length", 16)
+    finished: list[GenerationResult] = []
+    real_engine.submit(Job("s1", [{"role": "user", "content": "word " * 40}], GREEDY, on_finish=finished.append))
+    events = wait_for_terminal(real_engine.store, "s1")
+    assert [e.type for e in events] == ["error"]
+    assert "context" in events[0].data["message"]
+    assert finished[0].status == "error"
+
+
+def test_a_failing_save_callback_still_ends_the_stream():
+    store = InMemoryStreamStore()
+    engine = Engine(lambda: SyntheticGenerator(tokens_per_s=1000, answer_words=3), store)
+
+    def broken_save(result):
+        raise RuntimeError("database down")
+
+    engine.submit(Job("s1", PROMPT, on_finish=broken_save))
+    assert wait_for_terminal(store, "s1")[-1].type == "done"
+    engine.stop(5)
