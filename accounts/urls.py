@@ -7,6 +7,10 @@ app_name = "accounts"
 
 urlpatterns = [
     path("signup/", views.signup, name="signup"),
-    path("login/", auth_views.LoginView.as_view(template_name="accounts/login.html", redirect_authenticated_user=True), name="login"),
+    path(
+        "login/",
+        auth_views.LoginView.as_view(template_name="accounts/login.html", redirect_authenticated_user=True),
+        name="login",
+    ),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
 ]

@@ -17,7 +17,8 @@ from generation import routing, runtime  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": URLRouter([*routing.http_urlpatterns, re_path(r"", django_asgi_app)]),
+        # URLRouter routes to ASGI apps; django-stubs types re_path for views only.
+        "http": URLRouter([*routing.http_urlpatterns, re_path(r"", django_asgi_app)]),  # type: ignore[arg-type]
         "websocket": routing.websocket_application,
     }
 )

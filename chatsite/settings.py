@@ -33,10 +33,15 @@ def env_bool(name: str, default: bool) -> bool:
     raise ImproperlyConfigured(f"{name} must be 0 or 1 (got {value!r}).")
 
 
-def env_int(name: str, default: int | None, *, minimum: int = 0) -> int | None:
+def env_int(name: str, default: int, *, minimum: int = 0) -> int:
+    number = env_optional_int(name, minimum=minimum)
+    return default if number is None else number
+
+
+def env_optional_int(name: str, *, minimum: int = 0) -> int | None:
     value = os.environ.get(name, "").strip()
     if not value:
-        return default
+        return None
     try:
         number = int(value)
     except ValueError:
@@ -151,13 +156,14 @@ _database_url = env_str("DATABASE_URL", _DEFAULT_DATABASE_URL)
 if _database_url == _DEFAULT_DATABASE_URL:
     _database_url = f"sqlite:///{BASE_DIR / 'db.sqlite3'}"
 try:
-    DATABASES = {"default": dj_database_url.parse(_database_url, conn_max_age=60)}
+    # Connections close after each request: the ASGI server runs views in a
+    # thread pool, where persistent connections would pile up per thread.
+    DATABASES = {"default": dj_database_url.parse(_database_url, conn_max_age=0)}
 except ValueError as error:
     raise ImproperlyConfigured(f"DATABASE_URL is not a valid database URL: {error}") from None
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # The engine thread writes while requests read: WAL and a busy timeout keep
     # SQLite from answering "database is locked".
-    DATABASES["default"]["CONN_MAX_AGE"] = 0
     DATABASES["default"]["OPTIONS"] = {
         "timeout": 20,
         "transaction_mode": "IMMEDIATE",
@@ -215,7 +221,7 @@ MODEL_CACHE_DIR = Path(env_str("MODEL_CACHE_DIR", ".cache/models"))
 if not MODEL_CACHE_DIR.is_absolute():
     MODEL_CACHE_DIR = BASE_DIR / MODEL_CACHE_DIR
 GENERATION_BACKEND = env_choice("GENERATION_BACKEND", "inprocess", ("inprocess", "celery"))
-GENERATION_MAX_CONCURRENT = env_int("GENERATION_MAX_CONCURRENT", None, minimum=1)
+GENERATION_MAX_CONCURRENT = env_optional_int("GENERATION_MAX_CONCURRENT", minimum=1)
 GENERATION_MAX_QUEUE = env_int("GENERATION_MAX_QUEUE", 64, minimum=0)
 CHAT_ENABLE_SYNTHETIC = env_bool("CHAT_ENABLE_SYNTHETIC", False)
 CHAT_SYNTHETIC_TOKENS_PER_S = env_float("CHAT_SYNTHETIC_TOKENS_PER_S", 50.0)
@@ -233,5 +239,5 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": "INFO"},
-    "loggers": {"django": {"level": "INFO"}},
+    "loggers": {"django": {"level": "INFO"}, "httpx": {"level": "WARNING"}},
 }

@@ -5,7 +5,7 @@ from generation.models import Conversation, Message
 
 class MessageInline(admin.TabularInline):
     model = Message
-    fields = ["role", "status", "content", "completion_tokens", "ttft_ms", "created_at"]
+    fields = ("role", "status", "content", "completion_tokens", "ttft_ms", "created_at")
     readonly_fields = fields
     extra = 0
     can_delete = False

@@ -83,8 +83,7 @@ class TransformersGenerator:
         room = self.context_length - prompt_tokens
         if room <= 0:
             raise ContextLengthExceeded(
-                f"The conversation is {prompt_tokens} tokens long; "
-                f"this model's context holds {self.context_length}."
+                f"The conversation is {prompt_tokens} tokens long; this model's context holds {self.context_length}."
             )
         streamer = _DeltaStreamer(self.tokenizer, on_token, self.eos_ids)
         sampling: dict[str, Any] = {"do_sample": False}
@@ -157,10 +156,10 @@ class _CancelCriteria:
         return torch.full((input_ids.shape[0],), self._should_stop(), dtype=torch.bool, device=input_ids.device)
 
 
-SYNTHETIC_WORDS = (
+SYNTHETIC_TEXT = (
     "Streaming tokens one at a time lets people read the answer while it is still being "
     "written, and lets them stop it early when it goes the wrong way."
-).split()
+)
 
 
 class SyntheticGenerator:
@@ -181,7 +180,7 @@ class SyntheticGenerator:
         should_stop: Callable[[], bool],
     ) -> GenerationOutcome:
         prompt_tokens = sum(len(m["content"].split()) for m in messages)
-        words = itertools.cycle(SYNTHETIC_WORDS)
+        words = itertools.cycle(SYNTHETIC_TEXT.split())
         limit = min(params.max_tokens, self.answer_words)
         count = 0
         next_at = time.monotonic()

@@ -15,6 +15,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -50,8 +51,8 @@ def cached_conversion(
     source: Path,
     cache_dir: Path,
     convert: Callable[[Path, Path], None],
-    load: Callable[[Path], object],
-) -> object:
+    load: Callable[[Path], Any],
+) -> Any:
     """Load the converted copy of `source`, converting it first when missing or broken.
 
     The cache entry is keyed by the source's sha256 and only counts once its
@@ -81,7 +82,7 @@ def cached_conversion(
 def assemble_gguf(spec: ModelSpec, cache_dir: Path) -> Path:
     """The GGUF file of a packaged model; multi-part ones are joined once into the cache."""
     paths = [part.locate() for part in spec.gguf_parts]
-    missing = [part.package for part, path in zip(spec.gguf_parts, paths) if path is None]
+    missing = [part.package for part, path in zip(spec.gguf_parts, paths, strict=False) if path is None]
     if missing:
         raise FileNotFoundError(f"{spec.name}: packages not installed: {', '.join(missing)}")
     if len(paths) == 1:
@@ -109,7 +110,7 @@ def convert_gguf(gguf: Path, target: Path, *, chat_template: str | None = None) 
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # A model loaded from GGUF refuses save_pretrained while it carries its
     # quantizer marker, although its weights are plain tensors by now.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     if chat_template and not tokenizer.chat_template:
@@ -118,14 +119,14 @@ def convert_gguf(gguf: Path, target: Path, *, chat_template: str | None = None) 
     tokenizer.save_pretrained(target)
 
 
-def load_pretrained(model_dir: str | Path, device: torch.device) -> tuple[object, object]:
+def load_pretrained(model_dir: str | Path, device: torch.device) -> tuple[Any, Any]:
     """Load a causal LM and its tokenizer from a directory or hub id onto `device`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs: dict[str, object] = {"dtype": dtype_for(device)}
     if device.type == "cuda":
         kwargs["device_map"] = "auto" if device.index is None else {"": device.index}
-    model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
     if device.type != "cuda":
         model.to(device)
     model.eval()

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 import uuid
-from functools import partial
+from collections.abc import Callable
+from functools import partial, wraps
+from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import close_old_connections, transaction
 
 from generation import runtime
@@ -21,8 +23,26 @@ TITLE_LENGTH = 60
 _CONTEXT_STATUSES = (Message.Status.COMPLETE, Message.Status.STOPPED, Message.Status.INTERRUPTED)
 
 
-def conversation_create(*, user: AbstractBaseUser, model: str | None = None) -> Conversation:
+def conversation_create(*, user: User, model: str | None = None) -> Conversation:
     return Conversation.objects.create(user=user, model=model or runtime.model_names()[0])
+
+
+def _engine_thread_task(function: Callable[..., None]) -> Callable[..., None]:
+    """Run a write from the engine thread on a fresh connection, closed afterwards.
+
+    The engine thread lives as long as the process; without this it would hold a
+    database connection open between generations.
+    """
+
+    @wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        close_old_connections()
+        try:
+            function(*args, **kwargs)
+        finally:
+            close_old_connections()
+
+    return wrapper
 
 
 def message_send(*, conversation: Conversation, prompt: str) -> tuple[Message, Message]:
@@ -48,8 +68,8 @@ def message_send(*, conversation: Conversation, prompt: str) -> tuple[Message, M
         stream_id=answer.stream_id,
         messages=[*history, {"role": "user", "content": prompt}],
         params=GenerationParams(max_tokens=conversation.max_tokens, temperature=conversation.temperature),
-        on_progress=partial(message_save_progress, answer.pk),
-        on_finish=partial(message_finish, answer.pk),
+        on_progress=_engine_thread_task(partial(message_save_progress, answer.pk)),
+        on_finish=_engine_thread_task(partial(message_finish, answer.pk)),
     )
     try:
         runtime.engine(conversation.model).submit(job)
@@ -66,14 +86,12 @@ def message_send(*, conversation: Conversation, prompt: str) -> tuple[Message, M
 
 
 def message_save_progress(message_id: int, text: str) -> None:
-    """Save the text so far of a streaming answer (called from the engine thread)."""
-    close_old_connections()
+    """Save the text so far of a streaming answer ."""
     Message.objects.filter(pk=message_id, status=Message.Status.STREAMING).update(content=text)
 
 
 def message_finish(message_id: int, result: GenerationResult) -> None:
-    """Save a finished answer with its usage and timings (called from the engine thread)."""
-    close_old_connections()
+    """Save a finished answer with its usage and timings ."""
     Message.objects.filter(pk=message_id).update(
         content=result.text,
         status=result.status,
@@ -88,9 +106,7 @@ def message_finish(message_id: int, result: GenerationResult) -> None:
 
 def message_mark_interrupted(message: Message) -> Message:
     """Settle an answer whose producer is gone: keep its text, mark it interrupted."""
-    Message.objects.filter(pk=message.pk, status=Message.Status.STREAMING).update(
-        status=Message.Status.INTERRUPTED
-    )
+    Message.objects.filter(pk=message.pk, status=Message.Status.STREAMING).update(status=Message.Status.INTERRUPTED)
     message.refresh_from_db()
     return message
 

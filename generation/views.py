@@ -5,6 +5,7 @@ from uuid import UUID
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.models import User
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -21,7 +22,10 @@ RETRY_AFTER_S = 5
 
 
 class HtmxHttpRequest(HttpRequest):
+    """A request through HtmxMiddleware to a login_required view."""
+
     htmx: HtmxDetails
+    user: User
 
 
 @login_required
@@ -120,4 +124,5 @@ def _check(probe: Any) -> str:
 def _ping_redis() -> None:
     import redis
 
+    assert settings.REDIS_URL
     redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1, socket_connect_timeout=1).ping()

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+import shutil
 import time
 from collections.abc import Callable, Iterator
 
@@ -7,6 +9,7 @@ import pytest
 from django.conf import settings as django_settings
 from django.test import Client
 
+from bench.livesite import LiveSite
 from generation import runtime
 from generation.engine import Engine
 from generation.generators import Generator, SyntheticGenerator, load_generator
@@ -62,9 +65,7 @@ def stream_store(monkeypatch) -> InMemoryStreamStore:
 def smollm() -> Generator:
     """The real packaged SmolLM2-135M-Instruct, loaded once per test session."""
     spec = resolve_model("smollm2-135m-instruct")
-    return load_generator(
-        spec, cache_dir=django_settings.MODEL_CACHE_DIR, device="cpu", synthetic_tokens_per_s=50
-    )
+    return load_generator(spec, cache_dir=django_settings.MODEL_CACHE_DIR, device="cpu", synthetic_tokens_per_s=50)
 
 
 def install_engine(store: InMemoryStreamStore, generator: Generator, **kwargs) -> Engine:
@@ -106,3 +107,39 @@ def wait_until(condition: Callable[[], bool], timeout: float = 30) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         time.sleep(0.01)
+
+
+@pytest.fixture(scope="session")
+def live_site() -> Iterator[LiveSite]:
+    """chatsite under a real daphne process with the real model, shared by the session."""
+    with LiveSite() as site:
+        yield site
+
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Debian's Chromium driven by Playwright (never a downloaded browser)."""
+    if not shutil.which(CHROMIUM):
+        if os.environ.get("CHATSITE_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium")
+        pytest.skip(f"{CHROMIUM} is missing: apt-get install -y chromium to run browser tests")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            headless=True,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+            ],
+        )
+        yield browser
+        browser.close()

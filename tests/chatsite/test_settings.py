@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from chatsite.settings import env_bool, env_choice, env_device, env_float, env_int, env_list
+from chatsite.settings import env_bool, env_choice, env_device, env_float, env_int, env_list, env_optional_int
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,6 +39,13 @@ def test_env_int_parses_and_checks_the_minimum(monkeypatch):
         monkeypatch.setenv("COUNT", bad)
         with pytest.raises(ImproperlyConfigured, match="COUNT"):
             env_int("COUNT", 3, minimum=1)
+
+
+def test_env_optional_int_is_none_when_unset(monkeypatch):
+    monkeypatch.delenv("COUNT", raising=False)
+    assert env_optional_int("COUNT", minimum=1) is None
+    monkeypatch.setenv("COUNT", "4")
+    assert env_optional_int("COUNT", minimum=1) == 4
 
 
 def test_env_float_must_be_positive(monkeypatch):

@@ -45,7 +45,9 @@ def test_sign_up_chat_stream_and_the_answer_is_saved(client, real_engine, monkey
 def test_follow_up_prompt_carries_the_conversation_history(alice, alice_client, fast_engine, monkeypatch):
     seen: list[list[dict]] = []
     original = fast_engine.generator.generate
-    monkeypatch.setattr(fast_engine.generator, "generate", lambda messages, *a: seen.append(messages) or original(messages, *a))
+    monkeypatch.setattr(
+        fast_engine.generator, "generate", lambda messages, *a: seen.append(messages) or original(messages, *a)
+    )
     alice_client.post(reverse("generation:chat"), {"prompt": "First"}, **HTMX)
     conversation = Conversation.objects.get(user=alice)
     wait_for_terminal(fast_engine.store, conversation.messages.last().stream_id)

@@ -127,7 +127,11 @@ async def test_answer_whose_stream_is_gone_is_settled_as_interrupted(alice, alic
 
 
 def test_token_events_coalesce_runs_and_keep_the_last_sequence_number():
-    events = [StreamEvent(1, "token", {"delta": "a"}), StreamEvent(2, "token", {"delta": "b"}), StreamEvent(3, "done", {})]
+    events = [
+        StreamEvent(1, "token", {"delta": "a"}),
+        StreamEvent(2, "token", {"delta": "b"}),
+        StreamEvent(3, "done", {}),
+    ]
     assert token_events(events) == b'id: 2\nevent: token\ndata: {"delta":"ab"}\n\n'
 
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import itertools
 import threading
 
 import pytest
@@ -28,7 +29,9 @@ def test_greedy_generation_streams_numbered_tokens_then_one_done(real_engine, sm
     assert usage["completion_tokens"] == 12 and done.data["finish_reason"] == "length"
     assert done.data["timings"]["ttft_ms"] > 0
     # The streamed text is exactly what a plain greedy generate() produces.
-    inputs = smollm.tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    inputs = smollm.tokenizer.apply_chat_template(
+        PROMPT, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
     output = smollm.model.generate(**inputs, max_new_tokens=12, do_sample=False)
     expected = smollm.tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     streamed = "".join(e.data["delta"] for e in tokens)
@@ -37,7 +40,13 @@ def test_greedy_generation_streams_numbered_tokens_then_one_done(real_engine, sm
 
 
 def test_model_that_ends_its_answer_reports_stop(real_engine):
-    real_engine.submit(Job("s1", [{"role": "user", "content": "Reply with just the word: yes"}], GenerationParams(max_tokens=64, temperature=0)))
+    real_engine.submit(
+        Job(
+            "s1",
+            [{"role": "user", "content": "Reply with just the word: yes"}],
+            GenerationParams(max_tokens=64, temperature=0),
+        )
+    )
     done = wait_for_terminal(real_engine.store, "s1")[-1]
     assert done.data["finish_reason"] == "stop"
     assert done.data["usage"]["completion_tokens"] < 64
@@ -46,7 +55,9 @@ def test_model_that_ends_its_answer_reports_stop(real_engine):
 def test_cancel_stops_generation_within_a_step(real_engine):
     long = GenerationParams(max_tokens=300, temperature=0)
     finished: list[GenerationResult] = []
-    real_engine.submit(Job("s1", [{"role": "user", "content": "Write a long story about a dragon."}], long, on_finish=finished.append))
+    real_engine.submit(
+        Job("s1", [{"role": "user", "content": "Write a long story about a dragon."}], long, on_finish=finished.append)
+    )
     wait_until(lambda: len(real_engine.store.events("s1")) >= 3)
 
     real_engine.cancel("s1")
@@ -68,7 +79,7 @@ def test_progress_is_saved_while_streaming():
     wait_for_terminal(store, "s1")
     engine.stop(5)
     assert len(saved) >= 2
-    assert all(later.startswith(earlier) for earlier, later in zip(saved, saved[1:]))
+    assert all(later.startswith(earlier) for earlier, later in itertools.pairwise(saved))
 
 
 def test_job_cancelled_while_queued_never_runs():

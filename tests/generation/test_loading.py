@@ -19,9 +19,16 @@ def build_tiny_model(source: Path, target: Path) -> None:
     spec = json.loads(source.read_text())
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=spec["vocab"], hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
-        bos_token_id=0, eos_token_id=1, pad_token_id=1,
+        vocab_size=spec["vocab"],
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=1,
     )
     LlamaForCausalLM(config).save_pretrained(target)
     vocab = {"<s>": 0, "</s>": 1, **{f"w{i}": i for i in range(2, spec["vocab"])}}
@@ -102,7 +109,10 @@ def test_tiny_model_generates_through_the_transformers_generator(source, tmp_pat
     generator = TransformersGenerator("tiny", model, tokenizer)
     pieces: list[str] = []
     outcome = generator.generate(
-        [{"role": "user", "content": "w2 w3"}], GenerationParams(max_tokens=5, temperature=0), pieces.append, lambda: False
+        [{"role": "user", "content": "w2 w3"}],
+        GenerationParams(max_tokens=5, temperature=0),
+        pieces.append,
+        lambda: False,
     )
     assert outcome.completion_tokens >= 1 and outcome.prompt_tokens == 2
     assert outcome.finish_reason in {"stop", "length"}

@@ -1,0 +1,181 @@
+"""Run chatsite under daphne in a subprocess and talk to it like a browser does.
+
+Shared by the end-to-end tests and the benchmarks: a real server on a free
+loopback port with its own SQLite database, and a small HTTP client that signs
+up, sends prompts the way the HTMX form does and reads the SSE stream.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class LiveSite:
+    """`with LiveSite() as site:` starts migrate + daphne and waits for /readyz."""
+
+    def __init__(self, env: dict[str, str] | None = None, ready_timeout: float = 180) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="chatsite-live-")
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.env = {
+            **os.environ,
+            "DATABASE_URL": f"sqlite:///{self._tmp.name}/db.sqlite3",
+            "DJANGO_SECRET_KEY": "live-test-secret-key-not-for-production-use-0123456789",
+            "PYTHONUNBUFFERED": "1",
+            **(env or {}),
+        }
+        self.ready_timeout = ready_timeout
+        self.ready_after_s: float | None = None
+        self.log_path = Path(self._tmp.name) / "daphne.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> LiveSite:
+        for command in (["migrate", "--noinput"], ["collectstatic", "--noinput", "--verbosity", "0"]):
+            subprocess.run([sys.executable, "manage.py", *command], cwd=ROOT, env=self.env, check=True)
+        self.start()
+        return self
+
+    def start(self) -> None:
+        started = time.monotonic()
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "daphne",
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "chatsite.asgi:application",
+            ],
+            cwd=ROOT,
+            env=self.env,
+            stdout=self.log_path.open("ab"),
+            stderr=subprocess.STDOUT,
+        )
+        self.ready_after_s = self._wait_ready(started)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        self._tmp.cleanup()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def _wait_ready(self, started: float) -> float:
+        deadline = started + self.ready_timeout
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise RuntimeError(f"daphne exited with {self.process.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(f"{self.base_url}/readyz", timeout=2).status_code == 200:
+                    return time.monotonic() - started
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"/readyz not 200 after {self.ready_timeout} s:\n{self.log()}")
+
+
+@dataclass
+class StreamEvent:
+    at: float
+    event: str
+    data: str
+    id: str | None = None
+
+
+@dataclass
+class Sent:
+    sent_at: float
+    stream_url: str
+    conversation_url: str
+    html: str = field(repr=False)
+
+
+class ChatClient:
+    """A browser-like session: cookies, CSRF header, HTMX posts, SSE reads."""
+
+    def __init__(self, base_url: str) -> None:
+        self.http = httpx.Client(base_url=base_url, timeout=120, follow_redirects=False)
+
+    def signup(self, username: str, password: str = "correct-horse-battery-staple") -> None:
+        page = self.http.get("/accounts/signup/")
+        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text)
+        assert token, "signup page has no CSRF token"
+        response = self.http.post(
+            "/accounts/signup/",
+            data={
+                "csrfmiddlewaretoken": token.group(1),
+                "username": username,
+                "password1": password,
+                "password2": password,
+            },
+        )
+        assert response.status_code == 302, response.text
+
+    def send(self, prompt: str, conversation_url: str = "/chat/") -> Sent:
+        sent_at = time.perf_counter()
+        response = self.http.post(
+            conversation_url,
+            data={"prompt": prompt},
+            headers={"HX-Request": "true", "X-CSRFToken": self.http.cookies["csrftoken"]},
+        )
+        assert response.status_code == 200, response.text
+        stream_url = re.search(r'sse-connect="([^"]+)"', response.text)
+        assert stream_url, response.text
+        return Sent(sent_at, stream_url.group(1), response.headers.get("HX-Push-Url", conversation_url), response.text)
+
+    def stream(self, stream_url: str, headers: dict[str, str] | None = None) -> Iterator[StreamEvent]:
+        """Yield SSE events as they arrive, stamped with time.perf_counter()."""
+        with self.http.stream("GET", stream_url, headers=headers or {}) as response:
+            response.raise_for_status()
+            fields: dict[str, str] = {}
+            data: list[str] = []
+            for line in response.iter_lines():
+                if line == "":
+                    if data:
+                        yield StreamEvent(
+                            time.perf_counter(), fields.get("event", "message"), "\n".join(data), fields.get("id")
+                        )
+                    fields, data = {}, []
+                    continue
+                name, _, value = line.partition(":")
+                value = value.removeprefix(" ")
+                if name == "data":
+                    data.append(value)
+                elif name in ("event", "id"):
+                    fields[name] = value
+
+    @staticmethod
+    def delta(event: StreamEvent) -> str:
+        return json.loads(event.data)["delta"]
