@@ -21,7 +21,7 @@ from pathlib import Path
 
 from bench.livesite import ROOT, ChatClient, LiveSite
 
-PROMPT = "Explain how a bicycle works."
+PROMPT = "Write a detailed essay about the history of bicycles."
 MODEL = "smollm2-135m-instruct"
 RESULTS = Path(__file__).parent / "results" / "streaming.json"
 
