@@ -23,5 +23,6 @@ application = ProtocolTypeRouter(
     }
 )
 
-# Load the model in the background now, so /readyz turns 200 without waiting for a request.
+# Load the model now, so /readyz turns 200 without waiting for a request, and settle
+# the answers that a previous, dead process left streaming.
 runtime.start()

@@ -173,18 +173,20 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env_str("REDIS_URL", "").strip() or None
+# Namespace for every Redis key, so that several sites (or test runs) share a server.
+REDIS_KEY_PREFIX = env_str("REDIS_KEY_PREFIX", "chatsite").strip() or "chatsite"
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "prefix": "chatsite"},
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": REDIS_KEY_PREFIX},
         }
     }
     CACHES = {
         "default": {
             "BACKEND": "django.core.cache.backends.redis.RedisCache",
             "LOCATION": REDIS_URL,
-            "KEY_PREFIX": "chatsite",
+            "KEY_PREFIX": REDIS_KEY_PREFIX,
         }
     }
 else:

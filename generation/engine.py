@@ -71,74 +71,123 @@ class EngineOverloaded(RuntimeError):
 
 
 class Engine:
+    """Runs jobs on up to `max_concurrent` worker threads sharing one loaded generator.
+
+    While it runs it beats as `producer` in the stream store every few seconds, so
+    other processes can tell its unfinished streams from those of a dead process.
+    """
+
+    HEARTBEAT_S = 5.0
+
     def __init__(
         self,
         load: Callable[[], Generator],
         store: StreamStore,
         *,
         max_queue: int = 64,
+        max_concurrent: int = 1,
+        producer: str = "engine",
         progress_interval_s: float = 2.0,
     ) -> None:
         self._load = load
         self.store = store
         self.max_queue = max_queue
+        self.max_concurrent = max_concurrent
+        self.producer = producer
         self.progress_interval_s = progress_interval_s
         self.generator: Generator | None = None
         self.load_error: str | None = None
         self.active = 0
         self._jobs: queue.Queue[Job | None] = queue.Queue()
-        self._submit_lock = threading.Lock()
-        self._ready = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._loaded = threading.Event()  # set once loading ended, well or not
+        self._stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._workers: list[threading.Thread] = []
+        self._idle = 0
 
     @property
     def ready(self) -> bool:
-        return self._ready.is_set()
+        return self.generator is not None
 
     @property
     def queued(self) -> int:
         return self._jobs.qsize()
 
     def wait_ready(self, timeout: float | None = None) -> bool:
-        return self._ready.wait(timeout)
+        self._loaded.wait(timeout)
+        return self.ready
 
     def start(self) -> None:
-        with self._submit_lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._work, name="chatsite-engine", daemon=True)
-                self._thread.start()
+        """Load the generator in the background (once), and beat from now on."""
+        with self._lock:
+            if not self._threads:
+                self._threads = [
+                    threading.Thread(target=self._load_generator, name="chatsite-load", daemon=True),
+                    threading.Thread(target=self._beat, name="chatsite-heartbeat", daemon=True),
+                ]
+                for thread in self._threads:
+                    thread.start()
 
     def submit(self, job: Job) -> None:
         """Queue a job, or refuse it at once when `max_queue` jobs already wait."""
-        with self._submit_lock:
-            if self._jobs.qsize() >= self.max_queue:
-                raise EngineOverloaded(f"{self._jobs.qsize()} generations are already waiting")
+        with self._lock:
+            waiting = self._jobs.qsize() - self._idle
+            if waiting >= self.max_queue:
+                raise EngineOverloaded(f"{waiting} generations are already waiting")
             self.store.create(job.stream_id)
             self._jobs.put(job)
+            if self._jobs.qsize() > self._idle and len(self._workers) < self.max_concurrent:
+                worker = threading.Thread(target=self._work, name=f"chatsite-worker-{len(self._workers)}", daemon=True)
+                self._workers.append(worker)
+                worker.start()
         self.start()
 
     def cancel(self, stream_id: str) -> bool:
         return self.store.cancel(stream_id)
 
     def stop(self, timeout: float | None = None) -> None:
-        """Finish the running job, then end the worker thread."""
-        self._jobs.put(None)
-        if self._thread is not None:
-            self._thread.join(timeout)
+        """Finish the running jobs, then end the threads."""
+        self._stopping.set()
+        self._jobs.put(None)  # each worker passes it on to the next
+        for thread in [*self._workers, *self._threads]:
+            thread.join(timeout)
 
-    def _work(self) -> None:
+    def _load_generator(self) -> None:
         try:
             self.generator = self._load()
-            self._ready.set()
         except Exception as error:
             logger.exception("Model failed to load")
             self.load_error = f"{type(error).__name__}: {error}"
-        while (job := self._jobs.get()) is not None:
-            self.active = 1
+        self._loaded.set()
+
+    def _beat(self) -> None:
+        while True:
+            try:
+                self.store.beat(self.producer, ttl_s=self.HEARTBEAT_S * 3)
+            except Exception:
+                logger.exception("Engine heartbeat failed")
+            if self._stopping.wait(self.HEARTBEAT_S):
+                return
+
+    def _work(self) -> None:
+        self._loaded.wait()
+        while True:
+            with self._lock:
+                self._idle += 1
+            job = self._jobs.get()
+            with self._lock:
+                self._idle -= 1
+                if job is not None:
+                    self.active += 1
+            if job is None:
+                self._jobs.put(None)
+                return
             try:
                 self._run(job)
             finally:
-                self.active = 0
+                with self._lock:
+                    self.active -= 1
 
     def _run(self, job: Job) -> None:
         started = time.monotonic()

@@ -7,6 +7,7 @@ under a second. No Django imports here.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -57,7 +58,8 @@ def cached_conversion(
 
     The cache entry is keyed by the source's sha256 and only counts once its
     completion marker is written, so an interrupted conversion is redone, and
-    one that no longer loads is rebuilt.
+    one that no longer loads is rebuilt. A file lock makes concurrent callers
+    (threads or processes) wait for one conversion instead of racing.
     """
     sha = file_sha256(source)
     target = cache_dir / sha
@@ -66,9 +68,21 @@ def cached_conversion(
             return load(target)
         except Exception:
             logger.warning("Cached model in %s does not load; converting again", target, exc_info=True)
-    shutil.rmtree(target, ignore_errors=True)
+            broken = True
+    else:
+        broken = False
     cache_dir.mkdir(parents=True, exist_ok=True)
-    building = Path(tempfile.mkdtemp(prefix=f"{sha[:12]}-", dir=cache_dir))
+    with (cache_dir / f"{sha}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        # Someone else may have converted it while we waited for the lock.
+        if broken or not (target / COMPLETE_MARKER).exists():
+            _convert_into(source, target, sha, convert)
+    return load(target)
+
+
+def _convert_into(source: Path, target: Path, sha: str, convert: Callable[[Path, Path], None]) -> None:
+    shutil.rmtree(target, ignore_errors=True)
+    building = Path(tempfile.mkdtemp(prefix=f"{sha[:12]}-", dir=target.parent))
     try:
         logger.info("Converting %s once into %s (this takes a while)", source.name, target)
         convert(source, building)
@@ -76,7 +90,6 @@ def cached_conversion(
         os.replace(building, target)
     finally:
         shutil.rmtree(building, ignore_errors=True)
-    return load(target)
 
 
 def assemble_gguf(spec: ModelSpec, cache_dir: Path) -> Path:

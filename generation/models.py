@@ -47,6 +47,8 @@ class Message(models.Model):
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.COMPLETE)
     stream_id = models.CharField(max_length=64, unique=True, null=True, blank=True)
     model = models.CharField(max_length=200, blank=True)
+    # The engine that generates a streaming answer; see Engine.producer.
+    producer = models.CharField(max_length=200, blank=True)
     prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
     completion_tokens = models.PositiveIntegerField(null=True, blank=True)
     ttft_ms = models.PositiveIntegerField(null=True, blank=True)

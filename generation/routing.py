@@ -7,7 +7,7 @@ from channels.routing import URLRouter
 from channels.security.websocket import AllowedHostsOriginValidator
 from django.urls import path
 
-from generation.consumers import ChatStreamConsumer
+from generation.consumers import ChatSocketConsumer, ChatStreamConsumer
 
 CHAT_STREAM_PREFIX = "chat/streams/"
 
@@ -20,6 +20,8 @@ http_urlpatterns = [
     path(f"{CHAT_STREAM_PREFIX}<str:stream_id>/", AuthMiddlewareStack(ChatStreamConsumer.as_asgi())),
 ]
 
-websocket_urlpatterns: list = []
+websocket_urlpatterns = [
+    path("ws/chat/<uuid:conversation_id>/", ChatSocketConsumer.as_asgi()),
+]
 
 websocket_application = AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from generation import runtime
 from generation.engine import EngineOverloaded, GenerationResult, Job
 from generation.generators import GenerationParams
 from generation.models import Conversation, Message
+from generation.streams import StreamNotFound
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +53,7 @@ def message_send(*, conversation: Conversation, prompt: str) -> tuple[Message, M
     Raises EngineOverloaded after marking the answer as an error when the queue is full:
     the prompt is kept either way.
     """
+    engine = runtime.engine(conversation.model)
     history = _chat_history(conversation)
     with transaction.atomic():
         prompt_message = conversation.messages.create(role=Message.Role.USER, content=prompt)
@@ -59,6 +62,7 @@ def message_send(*, conversation: Conversation, prompt: str) -> tuple[Message, M
             status=Message.Status.STREAMING,
             stream_id=uuid.uuid4().hex,
             model=conversation.model,
+            producer=engine.producer,
         )
         if not conversation.title:
             conversation.title = " ".join(prompt.split())[:TITLE_LENGTH]
@@ -72,7 +76,7 @@ def message_send(*, conversation: Conversation, prompt: str) -> tuple[Message, M
         on_finish=_engine_thread_task(partial(message_finish, answer.pk)),
     )
     try:
-        runtime.engine(conversation.model).submit(job)
+        engine.submit(job)
     except EngineOverloaded:
         message_finish(
             answer.pk,
@@ -104,11 +108,39 @@ def message_finish(message_id: int, result: GenerationResult) -> None:
     )
 
 
+def message_stop(*, message: Message) -> bool:
+    """Ask the producer of a streaming answer to stop; it saves what it generated."""
+    if not message.streaming or not message.stream_id:
+        return False
+    return runtime.stream_store().cancel(message.stream_id)
+
+
 def message_mark_interrupted(message: Message) -> Message:
-    """Settle an answer whose producer is gone: keep its text, mark it interrupted."""
-    Message.objects.filter(pk=message.pk, status=Message.Status.STREAMING).update(status=Message.Status.INTERRUPTED)
+    """Settle an answer whose producer is gone: keep its text, mark it interrupted.
+
+    Its stream, if still there, ends with an error event so that readers stop waiting.
+    """
+    settled = Message.objects.filter(pk=message.pk, status=Message.Status.STREAMING).update(
+        status=Message.Status.INTERRUPTED, error="The server stopped while this answer was being written."
+    )
+    if settled and message.stream_id:
+        with contextlib.suppress(StreamNotFound, ValueError):  # gone, or ended meanwhile
+            runtime.stream_store().append(
+                message.stream_id, "error", {"message": "interrupted", "status": Message.Status.INTERRUPTED}
+            )
     message.refresh_from_db()
     return message
+
+
+def messages_settle_orphans() -> int:
+    """Mark interrupted the streaming answers of producers that no longer beat."""
+    store = runtime.stream_store()
+    settled = 0
+    for message in Message.objects.filter(status=Message.Status.STREAMING).exclude(producer=runtime.PRODUCER):
+        if not store.producer_alive(message.producer):
+            message_mark_interrupted(message)
+            settled += 1
+    return settled
 
 
 def _chat_history(conversation: Conversation) -> list[dict[str, str]]:

@@ -43,6 +43,8 @@ class StreamStore(Protocol):
     def read(
         self, stream_id: str, after: int = 0, *, heartbeat_s: float | None = None
     ) -> AsyncIterator[list[StreamEvent]]: ...
+    def beat(self, producer: str, ttl_s: float) -> None: ...
+    def producer_alive(self, producer: str) -> bool: ...
 
 
 @dataclass
@@ -60,6 +62,7 @@ class InMemoryStreamStore:
         self.retention_s = retention_s
         self._lock = threading.Lock()
         self._streams: dict[str, _Stream] = {}
+        self._beats: dict[str, float] = {}
 
     def create(self, stream_id: str) -> None:
         with self._lock:
@@ -135,6 +138,15 @@ class InMemoryStreamStore:
                 await asyncio.wait_for(waiter.wait(), heartbeat_s)
             except TimeoutError:
                 yield []
+
+    def beat(self, producer: str, ttl_s: float) -> None:
+        """Say that `producer` is alive for the next `ttl_s` seconds."""
+        with self._lock:
+            self._beats[producer] = time.monotonic() + ttl_s
+
+    def producer_alive(self, producer: str) -> bool:
+        with self._lock:
+            return self._beats.get(producer, 0.0) > time.monotonic()
 
     def _get(self, stream_id: str) -> _Stream:
         try:

@@ -10,13 +10,13 @@ from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.cache import never_cache
-from django.views.decorators.http import require_GET, require_http_methods
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.middleware import HtmxDetails
 
 from generation import runtime, services
 from generation.engine import EngineOverloaded
 from generation.forms import PromptForm
-from generation.models import Conversation
+from generation.models import Conversation, Message
 
 RETRY_AFTER_S = 5
 
@@ -44,6 +44,17 @@ def conversation(request: HtmxHttpRequest, conversation_id: UUID) -> HttpRespons
     if request.method == "POST":
         return _send(request, found)
     return _page(request, found, PromptForm())
+
+
+@login_required
+@require_POST
+def message_stop(request: HtmxHttpRequest, message_id: int) -> HttpResponse:
+    """Stop a streaming answer; its stream then ends with the saved, stopped answer."""
+    message = get_object_or_404(Message, pk=message_id, conversation__user=request.user, role=Message.Role.ASSISTANT)
+    services.message_stop(message=message)
+    if request.htmx:
+        return HttpResponse(status=204)
+    return redirect(message.conversation)
 
 
 def _send(request: HtmxHttpRequest, conversation: Conversation | None) -> HttpResponse:

@@ -3,17 +3,20 @@ from __future__ import annotations
 import json
 
 import pytest
+from channels.routing import URLRouter
 from channels.testing import HttpCommunicator
 from django.conf import settings
 
-from chatsite.asgi import application
-from generation import services
+from generation import routing, services
 from generation.consumers import resume_point, token_events
 from generation.models import Conversation, Message
 from generation.streams import StreamEvent
 from tests.conftest import wait_for_terminal
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+# The stream routes as chatsite.asgi mounts them, without its start-up side effects.
+application = URLRouter(routing.http_urlpatterns)
 
 
 def session_headers(client) -> list[tuple[bytes, bytes]]:

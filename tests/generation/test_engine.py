@@ -148,3 +148,26 @@ def test_a_failing_save_callback_still_ends_the_stream():
     engine.submit(Job("s1", PROMPT, on_finish=broken_save))
     assert wait_for_terminal(store, "s1")[-1].type == "done"
     engine.stop(5)
+
+
+def test_engine_runs_up_to_max_concurrent_jobs_at_once():
+    store = InMemoryStreamStore()
+    engine = Engine(lambda: SyntheticGenerator(tokens_per_s=20, answer_words=10), store, max_concurrent=4)
+    for n in range(4):
+        engine.submit(Job(f"s{n}", PROMPT))
+    wait_until(lambda: engine.active == 4, timeout=5)
+    engine.submit(Job("s4", PROMPT))
+    assert engine.queued == 1  # the fifth waits for a free worker
+    for n in range(5):
+        wait_for_terminal(store, f"s{n}")
+    engine.stop(5)
+    assert engine.active == 0
+
+
+def test_engine_beats_as_its_producer_while_running():
+    store = InMemoryStreamStore()
+    engine = Engine(lambda: SyntheticGenerator(tokens_per_s=100), store, producer="web-1")
+    assert not store.producer_alive("web-1")
+    engine.start()
+    wait_until(lambda: store.producer_alive("web-1"), timeout=5)
+    engine.stop(5)

@@ -45,7 +45,7 @@ def test_readyz_reports_a_model_that_failed_to_load(client, stream_store):
     engine = Engine(broken, stream_store)
     runtime._engines[settings.CHAT_MODEL] = engine
     engine.start()
-    engine._thread.join(5)
+    assert not engine.wait_ready(5)
     response = client.get("/readyz")
     assert response.status_code == 503 and "no weights" in response.json()["checks"]["model"]
 

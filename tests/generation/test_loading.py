@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -144,3 +145,19 @@ def test_available_models_lists_the_default_first_and_synthetic_only_when_enable
     assert available_models("smollm2-135m-instruct")[0] == "smollm2-135m-instruct"
     assert SYNTHETIC not in available_models("smollm2-135m-instruct")
     assert SYNTHETIC in available_models("smollm2-135m-instruct", synthetic_enabled=True)
+
+
+def test_concurrent_first_loads_convert_once(source, tmp_path):
+    convert = CountingConvert()
+    results: list = []
+
+    def first_load() -> None:
+        results.append(cached_conversion(source, tmp_path / "cache", convert, load_cpu))
+
+    threads = [threading.Thread(target=first_load) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert convert.calls == 1
+    assert len(results) == 3 and all(model.config.hidden_size == 16 for model, _ in results)

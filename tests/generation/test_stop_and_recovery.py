@@ -1,0 +1,187 @@
+"""Stop, the disconnect policy, and answers whose producer died."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from channels.routing import URLRouter
+from channels.testing import ApplicationCommunicator
+from django.urls import reverse
+
+from generation import routing, runtime, services
+from generation.consumers import ChatStreamConsumer
+from generation.models import Conversation, Message
+from tests.conftest import wait_for_terminal, wait_until
+from tests.generation.test_consumers import get_stream, parse_sse, session_headers
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+HTMX = {"HTTP_HX_REQUEST": "true"}
+
+
+@pytest.fixture
+def slow_engine(stream_store):
+    from generation.generators import SyntheticGenerator
+    from tests.conftest import install_engine
+
+    engine = install_engine(stream_store, SyntheticGenerator(tokens_per_s=20, answer_words=64))
+    yield engine
+    engine.stop(timeout=10)
+
+
+def streaming_answer(user) -> Message:
+    conversation = services.conversation_create(user=user)
+    return services.message_send(conversation=conversation, prompt="Tell me everything")[1]
+
+
+def test_stop_saves_exactly_the_streamed_text_marked_stopped(alice, alice_client, slow_engine):
+    answer = streaming_answer(alice)
+    wait_until(lambda: len(slow_engine.store.events(answer.stream_id)) >= 3)
+
+    response = alice_client.post(reverse("generation:message_stop", args=[answer.pk]), **HTMX)
+
+    assert response.status_code == 204
+    events = wait_for_terminal(slow_engine.store, answer.stream_id)
+    answer.refresh_from_db()
+    assert answer.status == "stopped" and answer.finish_reason == "cancelled"
+    assert answer.content == "".join(e.data["delta"] for e in events if e.type == "token")
+    assert 3 <= answer.completion_tokens < 64
+    page = alice_client.get(answer.conversation.get_absolute_url()).content.decode()
+    assert 'data-status="stopped"' in page and answer.content in page
+
+
+def test_stop_button_is_shown_only_while_streaming(alice, alice_client, slow_engine):
+    answer = streaming_answer(alice)
+    page = alice_client.get(answer.conversation.get_absolute_url()).content.decode()
+    assert ">Stop</button>" in page
+    alice_client.post(reverse("generation:message_stop", args=[answer.pk]), **HTMX)
+    wait_for_terminal(slow_engine.store, answer.stream_id)
+    assert ">Stop</button>" not in alice_client.get(answer.conversation.get_absolute_url()).content.decode()
+
+
+def test_stop_without_javascript_redirects_back(alice, alice_client, slow_engine):
+    answer = streaming_answer(alice)
+    response = alice_client.post(reverse("generation:message_stop", args=[answer.pk]))
+    assert response.status_code == 302 and response["Location"] == answer.conversation.get_absolute_url()
+    assert slow_engine.store.is_cancelled(answer.stream_id)
+
+
+def test_bob_cannot_stop_alices_answer(alice, bob_client, slow_engine):
+    answer = streaming_answer(alice)
+    assert bob_client.post(reverse("generation:message_stop", args=[answer.pk]), **HTMX).status_code == 404
+    assert not slow_engine.store.is_cancelled(answer.stream_id)
+    slow_engine.cancel(answer.stream_id)
+
+
+def test_stop_needs_post_and_a_login(alice, client, alice_client, slow_engine):
+    answer = streaming_answer(alice)
+    url = reverse("generation:message_stop", args=[answer.pk])
+    assert alice_client.get(url).status_code == 405
+    assert client.post(url).status_code == 302
+    assert alice_client.post(reverse("generation:message_stop", args=[999999])).status_code == 404
+    slow_engine.cancel(answer.stream_id)
+
+
+def test_generation_goes_on_and_completes_when_the_browser_leaves(alice, slow_engine, settings):
+    answer = streaming_answer(alice)
+    headers = _cookie_for(alice)
+
+    async def read_a_little_then_leave() -> None:
+        application = URLRouter(routing.http_urlpatterns)
+        scope = {"type": "http", "method": "GET", "path": answer.get_stream_url(), "query_string": b""}
+        communicator = ApplicationCommunicator(application, {**scope, "headers": headers})
+        await communicator.send_input({"type": "http.request", "body": b""})
+        assert (await communicator.receive_output(5))["status"] == 200
+        await communicator.receive_output(5)  # some body
+        await communicator.send_input({"type": "http.disconnect"})
+        await communicator.wait(5)
+
+    asyncio.run(read_a_little_then_leave())
+    assert not slow_engine.store.is_cancelled(answer.stream_id)
+    wait_for_terminal(slow_engine.store, answer.stream_id, timeout=10)
+    answer.refresh_from_db()
+    assert answer.status == "complete" and len(answer.content.split()) == 64
+
+
+def test_api_style_stream_cancels_its_generation_when_the_client_disconnects(alice, slow_engine):
+    answer = streaming_answer(alice)
+
+    async def read_then_disconnect() -> None:
+        application = ChatStreamConsumer.as_asgi(cancel_on_disconnect=True)
+        scope = {
+            "type": "http",
+            "method": "GET",
+            "path": answer.get_stream_url(),
+            "query_string": b"",
+            "headers": [],
+            "user": alice,
+            "url_route": {"kwargs": {"stream_id": answer.stream_id}},
+        }
+        communicator = ApplicationCommunicator(application, scope)
+        await communicator.send_input({"type": "http.request", "body": b""})
+        assert (await communicator.receive_output(5))["status"] == 200
+        await communicator.receive_output(5)
+        await communicator.send_input({"type": "http.disconnect"})
+        await communicator.wait(5)
+
+    asyncio.run(read_then_disconnect())
+    events = wait_for_terminal(slow_engine.store, answer.stream_id, timeout=5)
+    assert events[-1].data["status"] == "stopped"
+
+
+def test_answers_of_a_dead_process_become_interrupted_keeping_their_text(alice, slow_engine):
+    conversation = Conversation.objects.create(user=alice, model="m")
+    orphan = conversation.messages.create(
+        role="assistant", status="streaming", stream_id="dead1", producer="host:123:gone", content="So far"
+    )
+    live = streaming_answer(alice)
+
+    assert services.messages_settle_orphans() == 1
+
+    orphan.refresh_from_db()
+    assert orphan.status == "interrupted" and orphan.content == "So far"
+    live.refresh_from_db()
+    assert live.status == "streaming"
+    slow_engine.cancel(live.stream_id)
+
+
+def test_settling_ends_the_orphans_stream_for_its_readers(alice, stream_store):
+    conversation = Conversation.objects.create(user=alice, model="m")
+    orphan = conversation.messages.create(role="assistant", status="streaming", stream_id="dead2", producer="gone")
+    stream_store.create("dead2")
+    stream_store.append("dead2", "token", {"delta": "Half"})
+
+    services.message_mark_interrupted(orphan)
+
+    events = stream_store.events("dead2")
+    assert [e.type for e in events] == ["token", "error"]
+    assert events[-1].data["status"] == "interrupted"
+
+
+async def test_reader_of_a_stream_whose_producer_stopped_beating_gets_the_interrupted_answer(
+    alice, alice_client, stream_store, monkeypatch
+):
+    monkeypatch.setattr("generation.consumers.HEARTBEAT_S", 0.05)
+    conversation = await Conversation.objects.acreate(user=alice, model="m")
+    orphan = await conversation.messages.acreate(
+        role="assistant", status="streaming", stream_id="dead3", producer="gone", content="Partial"
+    )
+    stream_store.create("dead3")
+
+    response = await get_stream(orphan.get_stream_url(), session_headers(alice_client), timeout=5)
+
+    events = parse_sse(response["body"])
+    assert [e["event"] for e in events] == ["done"] and 'data-status="interrupted"' in events[0]["data"]
+
+
+def _cookie_for(user) -> list[tuple[bytes, bytes]]:
+    from django.test import Client
+
+    client = Client()
+    client.force_login(user)
+    return session_headers(client)
+
+
+def test_runtime_producer_is_unique_per_process():
+    assert runtime.PRODUCER.count(":") == 2
