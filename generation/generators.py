@@ -163,12 +163,16 @@ SYNTHETIC_TEXT = (
 
 
 class SyntheticGenerator:
-    """Emits words at a fixed rate with no neural network, for load and fault tests."""
+    """Emits words at a fixed rate with no neural network, for load and fault tests.
+
+    Its answer is `answer_words` long, or when that is None, as long as max_tokens
+    allows: load tests set the length of each stream through max_tokens.
+    """
 
     name = "synthetic"
     context_length = 1_000_000
 
-    def __init__(self, tokens_per_s: float, answer_words: int = 64) -> None:
+    def __init__(self, tokens_per_s: float, answer_words: int | None = None) -> None:
         self.interval = 1.0 / tokens_per_s
         self.answer_words = answer_words
 
@@ -181,7 +185,7 @@ class SyntheticGenerator:
     ) -> GenerationOutcome:
         prompt_tokens = sum(len(m["content"].split()) for m in messages)
         words = itertools.cycle(SYNTHETIC_TEXT.split())
-        limit = min(params.max_tokens, self.answer_words)
+        limit = params.max_tokens if self.answer_words is None else min(params.max_tokens, self.answer_words)
         count = 0
         next_at = time.monotonic()
         while count < limit:
@@ -191,7 +195,7 @@ class SyntheticGenerator:
             time.sleep(max(0.0, next_at - time.monotonic()))
             on_token(("" if count == 0 else " ") + next(words))
             count += 1
-        finish_reason = "length" if limit < self.answer_words else "stop"
+        finish_reason = "stop" if self.answer_words is not None and limit == self.answer_words else "length"
         return GenerationOutcome(prompt_tokens, count, finish_reason)
 
 
