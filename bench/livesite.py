@@ -75,6 +75,12 @@ class LiveSite:
         )
         self.ready_after_s = self._wait_ready(started)
 
+    def kill(self) -> None:
+        """End daphne abruptly (SIGKILL), as a crash or an OOM kill would."""
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
     def stop(self) -> None:
         if self.process and self.process.poll() is None:
             self.process.terminate()

@@ -29,6 +29,8 @@ async def get_stream(path: str, headers: list[tuple[bytes, bytes]], timeout: flo
     try:
         return await communicator.get_response(timeout=timeout)
     finally:
+        # As daphne does once a response is complete; the consumer then closes its DB connection.
+        await communicator.send_input({"type": "http.disconnect"})
         await communicator.wait()
 
 

@@ -1,0 +1,673 @@
+"""SSE fan-out: many concurrent chat streams against a bare Channels consumer.
+
+    .venv/bin/python -m bench.fanout [--clients 1000] [--rate 20] [--tokens 300]
+
+One run, same machine, two phases one after the other:
+
+1. Baseline: bench/bare_sse.py under daphne, a consumer that only sends `--tokens`
+   SSE events at `--rate` per second. `--clients` concurrent clients. Measures the
+   delivered events/s in aggregate (events ÷ first connect → last event), p50/p99 of
+   the gaps between consecutive events of a stream, and daphne's peak RSS (VmHWM).
+2. chatsite: a LiveSite with the synthetic model at `--rate` words/s. One user,
+   `--clients` conversations with max_tokens=`--tokens`; each gets a prompt posted the
+   way the HTMX form does, then its `sse-connect` stream is read to its `done` event.
+   Measures delivered tokens/s (words in all deltas ÷ first stream's first event → last
+   `done`), events/s, gaps, peak RSS, and checks that each stream got all its text in
+   order: exactly `--tokens` words, the synthetic model's words in order, strictly
+   increasing `id:`s, and the saved Message is `complete` with that same text.
+
+Targets: every chatsite stream complete and in order; chatsite peak RSS ≤ 600 MB;
+chatsite tokens/s ≥ 0.8 x bare events/s (one synthetic token would be one event if
+nothing were coalesced). Writes bench/results/fanout.json.
+
+The client is plain asyncio streams with hand-written HTTP/1.1 and SSE parsing on
+raw bytes: on 2 cores it shares the CPU with the server, so it must stay cheap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import re
+import resource
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+from bench.livesite import ROOT, ChatClient, LiveSite, free_port
+from generation.generators import SYNTHETIC_TEXT
+
+RESULTS = Path(__file__).parent / "results" / "fanout.json"
+HOST = "127.0.0.1"
+PROMPT = "Tell me how streaming answers work."
+RSS_TARGET_MB = 600.0
+THROUGHPUT_TARGET = 0.8
+CONNECT_ATTEMPTS = 8
+# What a refused connect or a full listen backlog looks like from the client side.
+RETRYABLE = (ConnectionRefusedError, ConnectionResetError, ConnectionAbortedError, asyncio.IncompleteReadError)
+
+_children: list[subprocess.Popen[bytes]] = []
+
+
+class ChunkedDecoder:
+    """Incremental decoder of HTTP/1.1 chunked transfer coding (daphne streams with it)."""
+
+    def __init__(self) -> None:
+        self._buffer = b""
+        self._left = 0  # bytes of the current chunk still to come
+        self._crlf = False  # the CRLF after a chunk's data is still to come
+        self.finished = False
+
+    def feed(self, data: bytes) -> bytes:
+        buffer = self._buffer + data if self._buffer else data
+        out: list[bytes] = []
+        pos = 0
+        while not self.finished:
+            if self._left:
+                piece = buffer[pos : pos + self._left]
+                out.append(piece)
+                pos += len(piece)
+                self._left -= len(piece)
+                if self._left:
+                    break
+                self._crlf = True
+            if self._crlf:
+                if len(buffer) - pos < 2:
+                    break
+                pos += 2
+                self._crlf = False
+            end = buffer.find(b"\r\n", pos)
+            if end < 0:
+                break
+            size = int(buffer[pos:end].split(b";", 1)[0], 16)
+            pos = end + 2
+            if size == 0:
+                self.finished = True
+            self._left = size
+        self._buffer = buffer[pos:]
+        return b"".join(out)
+
+
+@dataclass
+class Response:
+    status: int
+    headers: dict[str, str]
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+
+    @property
+    def chunked(self) -> bool:
+        return "chunked" in self.headers.get("transfer-encoding", "").lower()
+
+    async def body(self) -> bytes:
+        """The whole body of a non-streaming response (the server closes the connection)."""
+        data = await self.reader.read()
+        self.close()
+        return ChunkedDecoder().feed(data) if self.chunked else data
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+@dataclass
+class Counters:
+    retries: int = 0
+    retry_errors: dict[str, int] = field(default_factory=dict)
+
+
+async def http_request(
+    port: int, method: str, path: str, counters: Counters, headers: dict[str, str] | None = None, body: bytes = b""
+) -> Response:
+    """Send one request on a new connection and read the response head.
+
+    A refused or reset connection before any response byte is retried with backoff:
+    1000 clients at once overflow daphne's listen backlog (Twisted's default is 50).
+    """
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {HOST}:{port}", "Connection: close"]
+    lines += [f"{name}: {value}" for name, value in (headers or {}).items()]
+    if body or method == "POST":
+        lines.append(f"Content-Length: {len(body)}")
+    request = ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+    delay = 0.05
+    for attempt in range(CONNECT_ATTEMPTS):
+        writer: asyncio.StreamWriter | None = None
+        try:
+            reader, writer = await asyncio.open_connection(HOST, port)
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            break
+        except RETRYABLE as error:
+            if writer is not None:
+                writer.close()
+            if attempt == CONNECT_ATTEMPTS - 1:
+                raise
+            counters.retries += 1
+            name = type(error).__name__
+            counters.retry_errors[name] = counters.retry_errors.get(name, 0) + 1
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    parsed = {}
+    for line in header_lines:
+        if line:
+            name, _, value = line.partition(":")
+            parsed[name.strip().lower()] = value.strip()
+    return Response(int(status_line.split(" ", 2)[1]), parsed, reader, writer)
+
+
+@dataclass
+class StreamResult:
+    """What one client saw of one SSE stream; filled in as events arrive."""
+
+    stream_id: str = ""
+    opened_at: float | None = None  # request sent (bare) or prompt posted (chatsite)
+    first_at: float | None = None
+    last_at: float | None = None
+    events: int = 0
+    last_id: int = 0
+    in_order: bool = True
+    done: bool = False
+    ended: bool = False  # the body ended (bare) or the `done` event came (chatsite)
+    pieces: list[str] = field(default_factory=list)
+    gaps: list[float] = field(default_factory=list)
+    setup_s: float | None = None  # POST (chatsite) or connect + response head (bare)
+    error: str | None = None
+
+    def saw_event(self, now: float, seq: int | None) -> None:
+        if self.last_at is None:
+            self.first_at = now
+        else:
+            self.gaps.append(now - self.last_at)
+        self.last_at = now
+        self.events += 1
+        if seq is not None:
+            if seq <= self.last_id:
+                self.in_order = False
+            self.last_id = seq
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+
+def parse_block(block: bytes) -> tuple[bytes, int | None, list[bytes]]:
+    """One SSE event block → (event type, id, data lines); no data lines for comments."""
+    kind = b"message"
+    seq: int | None = None
+    data: list[bytes] = []
+    for line in block.split(b"\n"):
+        if line.startswith(b"data:"):
+            data.append(line[6:] if line.startswith(b"data: ") else line[5:])
+        elif line.startswith(b"id:"):
+            seq = int(line[3:])
+        elif line.startswith(b"event:"):
+            kind = line[6:].strip()
+    return kind, seq, data
+
+
+async def read_events(response: Response, on_blocks: Callable[[float, list[bytes]], bool]) -> None:
+    """Feed complete SSE event blocks to `on_blocks` until it returns True or the body ends.
+
+    Events that arrive in one read share one timestamp: they reached us together.
+    """
+    decoder = ChunkedDecoder() if response.chunked else None
+    pending = b""
+    try:
+        while True:
+            data = await response.reader.read(65536)
+            if not data:
+                return
+            now = time.perf_counter()
+            if decoder is not None:
+                data = decoder.feed(data)
+            pending += data
+            if b"\n\n" in pending:
+                *blocks, pending = pending.split(b"\n\n")
+                if on_blocks(now, blocks):
+                    return
+            if decoder is not None and decoder.finished:
+                return
+    finally:
+        response.close()
+
+
+async def run_all(tasks: Iterable[Awaitable[None]], timeout: float) -> tuple[float, bool]:  # (seconds taken, timed out)
+    """Run the client tasks; cancel what is left after `timeout` so the bench always ends."""
+    started = time.perf_counter()
+    running = [asyncio.ensure_future(task) for task in tasks]
+    _, pending = await asyncio.wait(running, timeout=timeout)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    return time.perf_counter() - started, bool(pending)
+
+
+# --- phase 1: the bare consumer ------------------------------------------------------
+
+
+async def bare_clients(port: int, args: argparse.Namespace, counters: Counters) -> tuple[list[StreamResult], float]:
+    path = "/sse/?" + urlencode({"n": args.tokens, "interval": 1 / args.rate})
+    results = [StreamResult() for _ in range(args.clients)]
+    opening = asyncio.Semaphore(args.ramp_concurrency)
+
+    async def client(result: StreamResult) -> None:
+        def on_blocks(now: float, blocks: list[bytes]) -> bool:
+            for block in blocks:
+                _, seq, data = parse_block(block)
+                if data:
+                    result.saw_event(now, seq)
+            return False
+
+        try:
+            async with opening:
+                result.opened_at = time.perf_counter()
+                response = await http_request(port, "GET", path, counters, {"Accept": "text/event-stream"})
+                result.setup_s = time.perf_counter() - result.opened_at
+            if response.status != 200:
+                result.error = f"HTTP {response.status}"
+                response.close()
+                return
+            await read_events(response, on_blocks)
+            result.ended = True
+            result.done = result.events == args.tokens and result.in_order
+        except Exception as error:
+            result.error = f"{type(error).__name__}: {error}"
+
+    first_connect = time.perf_counter()
+    await run_all((client(result) for result in results), args.timeout)
+    return results, first_connect
+
+
+def run_bare(args: argparse.Namespace) -> dict[str, Any]:
+    port = free_port()
+    log = tempfile.NamedTemporaryFile(prefix="fanout-bare-", suffix=".log", delete=False)  # noqa: SIM115
+    env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "daphne", "-b", HOST, "-p", str(port), "bench.bare_sse:application"],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    _children.append(process)
+    try:
+        wait_listening(process, port, Path(log.name))
+        counters = Counters()
+        cpu_before = process_cpu_s(process.pid)
+        bench_cpu_before = time.process_time()
+        results, started = asyncio.run(bare_clients(port, args, counters))
+        figures = summarize(results, started, counters, args)
+        figures["server_cpu_s"] = process_cpu_s(process.pid) - cpu_before
+        figures["bench_cpu_s"] = time.process_time() - bench_cpu_before
+        figures.update(memory(process.pid))
+        figures["complete"] = sum(r.done for r in results)
+        return figures
+    finally:
+        stop(process)
+        Path(log.name).unlink(missing_ok=True)
+
+
+def wait_listening(process: subprocess.Popen[bytes], port: int, log: Path, timeout: float = 60) -> None:
+    async def probe() -> bool:
+        try:
+            response = await http_request(port, "GET", "/sse/?n=0", Counters())
+            await response.body()
+            return response.status == 200
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"bare daphne exited with {process.returncode}:\n{log.read_text(errors='replace')}")
+        if asyncio.run(probe()):
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"bare daphne not answering after {timeout} s:\n{log.read_text(errors='replace')}")
+
+
+# --- phase 2: chatsite ---------------------------------------------------------------
+
+STREAM_URL = re.compile(rb'sse-connect="([^"]+)"')
+
+
+async def chat_clients(
+    port: int, conversation_ids: list[str], cookies: dict[str, str], args: argparse.Namespace, counters: Counters
+) -> list[StreamResult]:
+    results = [StreamResult() for _ in conversation_ids]
+    posting = asyncio.Semaphore(args.ramp_concurrency)
+    cookie = "; ".join(f"{name}={value}" for name, value in cookies.items())
+    form = urlencode({"prompt": PROMPT}).encode()
+    post_headers = {
+        "Cookie": cookie,
+        "HX-Request": "true",
+        "X-CSRFToken": cookies["csrftoken"],
+        "Content-Type": "application/x-www-form-urlencoded",
+    }
+
+    async def client(conversation_id: str, result: StreamResult) -> None:
+        def on_blocks(now: float, blocks: list[bytes]) -> bool:
+            for block in blocks:
+                kind, seq, data = parse_block(block)
+                if not data:
+                    continue  # a heartbeat comment
+                result.saw_event(now, seq)
+                if kind == b"token":
+                    result.pieces.append(json.loads(data[0])["delta"])
+                elif kind == b"done":
+                    result.ended = True
+                    return True
+                else:
+                    result.error = f"unexpected event {kind!r}: {b' '.join(data)[:200]!r}"
+                    return True
+            return False
+
+        try:
+            async with posting:
+                result.opened_at = time.perf_counter()
+                response = await http_request(port, "POST", f"/chat/{conversation_id}/", counters, post_headers, form)
+                html = await response.body()
+                result.setup_s = time.perf_counter() - result.opened_at
+            found = STREAM_URL.search(html)
+            if response.status != 200 or not found:
+                result.error = f"POST answered {response.status}: {html[:200]!r}"
+                return
+            stream_url = found.group(1).decode()
+            result.stream_id = stream_url.rstrip("/").rsplit("/", 1)[-1]
+            stream = await http_request(
+                port, "GET", stream_url, counters, {"Cookie": cookie, "Accept": "text/event-stream"}
+            )
+            if stream.status != 200:
+                result.error = f"stream answered {stream.status}"
+                stream.close()
+                return
+            await read_events(stream, on_blocks)
+        except Exception as error:
+            result.error = f"{type(error).__name__}: {error}"
+
+    await run_all(
+        (client(conversation_id, result) for conversation_id, result in zip(conversation_ids, results, strict=True)),
+        args.timeout,
+    )
+    return results
+
+
+def run_chatsite(args: argparse.Namespace) -> dict[str, Any]:
+    env = {
+        "CHAT_ENABLE_SYNTHETIC": "1",
+        "CHAT_MODEL": "synthetic",
+        "CHAT_SYNTHETIC_TOKENS_PER_S": str(args.rate),
+        "GENERATION_MAX_CONCURRENT": str(args.clients + 24),
+        "GENERATION_MAX_QUEUE": str(args.clients * 2),
+    }
+    with LiveSite(env=env) as site:
+        assert site.process is not None
+        _children.append(site.process)
+        # The bench process reads and writes the live site's database directly, with
+        # the same settings, to create conversations and check what was saved.
+        for name in ("DATABASE_URL", "DJANGO_SECRET_KEY", *env):
+            os.environ[name] = site.env[name]
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
+        import django
+
+        django.setup()
+        from django.contrib.auth import get_user_model
+        from django.db import connections
+
+        from generation.models import Conversation, Message
+
+        client = ChatClient(site.base_url)
+        client.signup("fanout")
+        cookies = {name: client.http.cookies[name] for name in ("sessionid", "csrftoken")}
+        user = get_user_model().objects.get(username="fanout")
+        conversations = Conversation.objects.bulk_create(
+            Conversation(user=user, model="synthetic", max_tokens=args.tokens) for _ in range(args.clients)
+        )
+        connections.close_all()  # no open SQLite connection in this process while the site writes
+
+        counters = Counters()
+        cpu_before = process_cpu_s(site.process.pid)
+        bench_cpu_before = time.process_time()
+        results = asyncio.run(chat_clients(site.port, [str(c.id) for c in conversations], cookies, args, counters))
+        server_cpu_s = process_cpu_s(site.process.pid) - cpu_before
+        bench_cpu_s = time.process_time() - bench_cpu_before
+        rss = memory(site.process.pid)
+        saved = {
+            row["stream_id"]: row
+            for row in Message.objects.filter(stream_id__in=[r.stream_id for r in results if r.stream_id]).values(
+                "stream_id", "content", "status", "completion_tokens"
+            )
+        }
+        connections.close_all()
+        errors_logged = site.log().count("Traceback")
+
+    expected = " ".join(itertools.islice(itertools.cycle(SYNTHETIC_TEXT.split()), args.tokens))
+    checks = {"ended_with_done": 0, "words_exact": 0, "text_expected": 0, "ids_increasing": 0, "saved_complete": 0}
+    for result in results:
+        text = result.text
+        row = saved.get(result.stream_id)
+        checks["ended_with_done"] += result.ended
+        checks["words_exact"] += len(text.split()) == args.tokens
+        checks["text_expected"] += text == expected
+        checks["ids_increasing"] += result.in_order and result.events > 0
+        checks["saved_complete"] += row is not None and row["status"] == "complete" and row["content"] == text
+        result.done = (
+            result.ended
+            and result.in_order
+            and text == expected
+            and row is not None
+            and row["status"] == "complete"
+            and row["content"] == text
+        )
+    starts = [r.first_at for r in results if r.first_at is not None]
+    figures = summarize(results, min(starts) if starts else time.perf_counter(), counters, args)
+    words = sum(len(r.text.split()) for r in results)
+    figures["tokens"] = words
+    figures["tokens_per_s"] = words / figures["wall_s"] if figures["wall_s"] else 0.0
+    # Every ended stream's last event is its `done`; the rest carry the tokens.
+    ended = [r for r in results if r.ended]
+    figures["tokens_per_event"] = sum(len(r.text.split()) for r in ended) / max(1, sum(r.events - 1 for r in ended))
+    # The first event also carries what was generated before the stream was opened:
+    # count the words after it, over the time after it.
+    per_stream = [
+        (len(r.text.split()) - len(r.pieces[0].split())) / (r.last_at - r.first_at)
+        for r in results
+        if r.ended and r.pieces and r.first_at is not None and r.last_at is not None and r.last_at > r.first_at
+    ]
+    figures["per_stream_tokens_per_s_median"] = statistics.median(per_stream) if per_stream else 0.0
+    figures.update(
+        checks=checks,
+        complete=sum(r.done for r in results),
+        server_cpu_s=server_cpu_s,
+        bench_cpu_s=bench_cpu_s,
+        server_log_tracebacks=errors_logged,
+        **rss,
+    )
+    return figures
+
+
+# --- figures -------------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def summarize(
+    results: list[StreamResult], started: float, counters: Counters, args: argparse.Namespace
+) -> dict[str, Any]:
+    """Aggregate figures over streams; `started` is when the wall-clock window opens."""
+    lasts = [r.last_at for r in results if r.last_at is not None]
+    wall = (max(lasts) - started) if lasts else 0.0
+    events = sum(r.events for r in results)
+    gaps = [gap for r in results for gap in r.gaps]
+    setups = [r.setup_s for r in results if r.setup_s is not None]
+    firsts = [r.first_at for r in results if r.first_at is not None]
+    errors = [r.error for r in results if r.error]
+    return {
+        "streams": len(results),
+        "events": events,
+        "wall_s": wall,
+        "events_per_s": events / wall if wall else 0.0,
+        "ideal_events_per_s": args.clients * args.rate,
+        "gap_p50_ms": percentile(gaps, 0.50) * 1000,
+        "gap_p99_ms": percentile(gaps, 0.99) * 1000,
+        "gap_max_ms": max(gaps, default=float("nan")) * 1000,
+        "ramp_s": (max(firsts) - started) if firsts else None,  # until the last stream's first event
+        "setup_p50_ms": percentile(setups, 0.50) * 1000,
+        "setup_max_ms": max(setups, default=float("nan")) * 1000,
+        "connect_retries": counters.retries,
+        "connect_retry_errors": counters.retry_errors,
+        "errors": len(errors),
+        "first_errors": errors[:5],
+    }
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process, all its threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def memory(pid: int) -> dict[str, float]:
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return {
+        "peak_rss_mb": int(status["VmHWM"].split()[0]) / 1024,
+        "rss_mb": int(status["VmRSS"].split()[0]) / 1024,
+        "threads": int(status["Threads"]),
+    }
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def start_watchdog(seconds: float) -> None:
+    """Whatever hangs (a server start, a stuck phase), the run ends and takes its servers down."""
+
+    def fire() -> None:
+        print(f"bench.fanout: still running after {seconds:.0f} s, giving up", file=sys.stderr, flush=True)
+        for process in _children:
+            if process.poll() is None:
+                process.kill()
+        os._exit(3)
+
+    timer = threading.Timer(seconds, fire)
+    timer.daemon = True
+    timer.start()
+
+
+def raise_open_files(clients: int) -> None:
+    # Each client holds a socket (a POST's and a stream's, briefly, in chatsite).
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = clients * 3 + 1024
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(
+            resource.RLIMIT_NOFILE, (wanted if hard == resource.RLIM_INFINITY else min(hard, wanted), hard)
+        )
+
+
+def print_table(bare: dict[str, Any], chat: dict[str, Any], targets: dict[str, bool], args: argparse.Namespace) -> None:
+    def number(value: Any, digits: int = 1) -> str:
+        return "-" if value is None else f"{value:,.{digits}f}" if isinstance(value, float) else f"{value:,}"
+
+    rows = [
+        ("streams complete (all text, in order)", f"{bare['complete']}/{bare['streams']}",
+         f"{chat['complete']}/{chat['streams']}", "all"),
+        ("tokens/s delivered (words in deltas)", "-", number(chat["tokens_per_s"]),
+         f">= {number(THROUGHPUT_TARGET * bare['events_per_s'])}"),
+        ("SSE events/s delivered", number(bare["events_per_s"]), number(chat["events_per_s"]), ""),
+        ("ideal events/s (clients x rate)", number(bare["ideal_events_per_s"]), number(chat["ideal_events_per_s"]), ""),
+        ("wall s (window of the rate figures)", number(bare["wall_s"], 2), number(chat["wall_s"], 2), ""),
+        ("ramp s (until last stream's 1st event)", number(bare["ramp_s"], 2), number(chat["ramp_s"], 2), ""),
+        ("per-stream tokens/s (median)", "-", number(chat["per_stream_tokens_per_s_median"]), f"rate {args.rate:g}"),
+        ("tokens per token event", "-", number(chat["tokens_per_event"], 2), ""),
+        ("gap p50 ms", number(bare["gap_p50_ms"]), number(chat["gap_p50_ms"]), ""),
+        ("gap p99 ms", number(bare["gap_p99_ms"]), number(chat["gap_p99_ms"]), ""),
+        ("gap max ms", number(bare["gap_max_ms"]), number(chat["gap_max_ms"]), ""),
+        ("connect / POST p50 ms", number(bare["setup_p50_ms"]), number(chat["setup_p50_ms"]), ""),
+        ("connect / POST max ms", number(bare["setup_max_ms"]), number(chat["setup_max_ms"]), ""),
+        ("connect retries", number(bare["connect_retries"]), number(chat["connect_retries"]), ""),
+        ("client errors", number(bare["errors"]), number(chat["errors"]), ""),
+        ("server peak RSS MB (VmHWM)", number(bare["peak_rss_mb"]), number(chat["peak_rss_mb"]),
+         f"<= {RSS_TARGET_MB:.0f}"),
+        ("server threads at end", number(bare["threads"]), number(chat["threads"]), ""),
+        ("server CPU s during phase", number(bare["server_cpu_s"]), number(chat["server_cpu_s"]), ""),
+        ("bench client CPU s during phase", number(bare["bench_cpu_s"]), number(chat["bench_cpu_s"]), ""),
+    ]  # fmt: skip
+    print(f"{'figure':<42}{'bare consumer':>16}{'chatsite':>16}{'target':>14}")
+    for name, left, right, target in rows:
+        print(f"{name:<42}{left:>16}{right:>16}{target:>14}")
+    print(f"chatsite checks: {chat['checks']}")
+    for name, met in targets.items():
+        print(f"target {name}: {'met' if met else 'MISSED'}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--clients", type=int, default=1000)
+    parser.add_argument("--rate", type=float, default=20.0, help="tokens (events) per second per stream")
+    parser.add_argument("--tokens", type=int, default=300, help="tokens (events) per stream")
+    parser.add_argument("--ramp-concurrency", type=int, default=32, help="connects / POSTs in flight at once")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds each phase's clients may take")
+    args = parser.parse_args()
+
+    raise_open_files(args.clients)
+    # Two phases, a site start with migrations, and slack: then stop no matter what.
+    start_watchdog(2 * args.timeout + 300)
+    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    bare = run_bare(args)
+    chat = run_chatsite(args)
+
+    targets = {
+        "every chatsite stream complete and in order": chat["complete"] == args.clients,
+        f"chatsite peak RSS <= {RSS_TARGET_MB:.0f} MB": chat["peak_rss_mb"] <= RSS_TARGET_MB,
+        f"chatsite tokens/s >= {THROUGHPUT_TARGET} x bare events/s": chat["tokens_per_s"]
+        >= THROUGHPUT_TARGET * bare["events_per_s"],
+    }
+    result = {
+        "command": shlex.join(["python", "-m", "bench.fanout", *sys.argv[1:]]),
+        "args": vars(args),
+        "date": started,
+        "cpu_count": os.cpu_count(),
+        "bare": bare,
+        "chatsite": chat,
+        "throughput_ratio": chat["tokens_per_s"] / bare["events_per_s"] if bare["events_per_s"] else None,
+        "targets": targets,
+        "all_targets_met": all(targets.values()),
+    }
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    print_table(bare, chat, targets, args)
+    print(f"throughput ratio chatsite tokens/s ÷ bare events/s: {number_or_dash(result['throughput_ratio'])}")
+    print(f"results written to {RESULTS.relative_to(ROOT)}")
+    sys.exit(0 if result["all_targets_met"] else 1)
+
+
+def number_or_dash(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+if __name__ == "__main__":
+    main()
