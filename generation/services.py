@@ -6,12 +6,15 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from functools import partial, wraps
 from typing import Any
 
 from django.contrib.auth.models import User
 from django.db import close_old_connections, transaction
 
+from accounts.models import ApiKey
+from accounts.services import Quota, usage_admit, usage_finish
 from generation import runtime
 from generation.engine import EngineOverloaded, GenerationResult, Job
 from generation.generators import GenerationParams
@@ -47,55 +50,120 @@ def _engine_thread_task(function: Callable[..., None]) -> Callable[..., None]:
     return wrapper
 
 
-def message_send(*, conversation: Conversation, prompt: str) -> tuple[Message, Message]:
-    """Save the prompt and a streaming answer, and queue the answer's generation.
+@dataclass(frozen=True)
+class Started:
+    stream_id: str
+    max_tokens: int
+    quota: Quota
 
-    Raises EngineOverloaded after marking the answer as an error when the queue is full:
-    the prompt is kept either way.
+
+def generation_start(
+    *,
+    user: User,
+    channel: str,
+    model: str,
+    messages: list[dict[str, str]],
+    params: GenerationParams,
+    requested_max_tokens: int | None,
+    api_key: ApiKey | None = None,
+    on_progress: Callable[[str], None] | None = None,
+    on_finish: Callable[[GenerationResult], None] | None = None,
+    stream_id: str | None = None,
+) -> Started:
+    """Admit a generation against the user's limits, record it, and queue it.
+
+    The one way every channel (ui, ws, api) starts a generation, so that one ledger
+    holds them all. `params.max_tokens` is capped by what was granted. Raises
+    UnknownModel, QuotaExceeded, InvalidRequest or EngineOverloaded; after a refusal
+    nothing is queued or counted.
+    """
+    engine = runtime.engine(model)
+    stream_id = stream_id or uuid.uuid4().hex
+    record, granted, quota = usage_admit(
+        user=user,
+        channel=channel,
+        model=model,
+        stream_id=stream_id,
+        producer=engine.producer,
+        requested_max_tokens=requested_max_tokens,
+        api_key=api_key,
+    )
+
+    def finish(result: GenerationResult) -> None:
+        usage_finish(
+            stream_id=stream_id,
+            status=result.status,
+            finish_reason=result.finish_reason,
+            prompt_tokens=result.prompt_tokens,
+            completion_tokens=result.completion_tokens,
+            ttft_ms=None if result.ttft_s is None else round(result.ttft_s * 1000),
+            duration_ms=round(result.duration_s * 1000),
+        )
+        if on_finish:
+            on_finish(result)
+
+    job = Job(
+        stream_id=stream_id,
+        messages=messages,
+        params=replace(params, max_tokens=min(params.max_tokens, granted)),
+        on_progress=_engine_thread_task(on_progress) if on_progress else None,
+        on_finish=_engine_thread_task(finish),
+    )
+    try:
+        engine.submit(job)
+    except EngineOverloaded:
+        record.delete()
+        raise
+    return Started(stream_id=stream_id, max_tokens=job.params.max_tokens, quota=quota)
+
+
+def message_send(*, conversation: Conversation, prompt: str, channel: str = "ui") -> tuple[Message, Message]:
+    """Save the prompt and a streaming answer, and start the answer's generation.
+
+    A refusal (QuotaExceeded, EngineOverloaded, ...) removes both again and re-raises:
+    nothing was started. The rows are committed before the job is queued, so the engine
+    thread always finds the answer it saves into.
     """
     engine = runtime.engine(conversation.model)
     history = _chat_history(conversation)
+    stream_id = uuid.uuid4().hex
     with transaction.atomic():
         prompt_message = conversation.messages.create(role=Message.Role.USER, content=prompt)
         answer = conversation.messages.create(
             role=Message.Role.ASSISTANT,
             status=Message.Status.STREAMING,
-            stream_id=uuid.uuid4().hex,
+            stream_id=stream_id,
             model=conversation.model,
             producer=engine.producer,
         )
-        if not conversation.title:
-            conversation.title = " ".join(prompt.split())[:TITLE_LENGTH]
-        conversation.save(update_fields=["title", "updated_at"])
-    assert answer.stream_id is not None
-    job = Job(
-        stream_id=answer.stream_id,
-        messages=[*history, {"role": "user", "content": prompt}],
-        params=GenerationParams(max_tokens=conversation.max_tokens, temperature=conversation.temperature),
-        on_progress=_engine_thread_task(partial(message_save_progress, answer.pk)),
-        on_finish=_engine_thread_task(partial(message_finish, answer.pk)),
-    )
     try:
-        engine.submit(job)
-    except EngineOverloaded:
-        message_finish(
-            answer.pk,
-            GenerationResult(
-                text="", status="error", finish_reason="error", error="The server is busy. Try again in a moment."
-            ),
+        generation_start(
+            user=conversation.user,
+            channel=channel,
+            model=conversation.model,
+            messages=[*history, {"role": "user", "content": prompt}],
+            params=GenerationParams(max_tokens=conversation.max_tokens, temperature=conversation.temperature),
+            requested_max_tokens=None,
+            on_progress=partial(message_save_progress, answer.pk),
+            on_finish=partial(message_finish, answer.pk),
+            stream_id=stream_id,
         )
-        answer.refresh_from_db()
+    except Exception:
+        Message.objects.filter(pk__in=[prompt_message.pk, answer.pk]).delete()
         raise
+    if not conversation.title:
+        conversation.title = " ".join(prompt.split())[:TITLE_LENGTH]
+    conversation.save(update_fields=["title", "updated_at"])
     return prompt_message, answer
 
 
 def message_save_progress(message_id: int, text: str) -> None:
-    """Save the text so far of a streaming answer ."""
+    """Save the text so far of a streaming answer."""
     Message.objects.filter(pk=message_id, status=Message.Status.STREAMING).update(content=text)
 
 
 def message_finish(message_id: int, result: GenerationResult) -> None:
-    """Save a finished answer with its usage and timings ."""
+    """Save a finished answer with its usage and timings."""
     Message.objects.filter(pk=message_id).update(
         content=result.text,
         status=result.status,

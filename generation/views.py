@@ -13,6 +13,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.middleware import HtmxDetails
 
+from accounts.services import QuotaExceeded
 from generation import runtime, services
 from generation.engine import EngineOverloaded
 from generation.forms import PromptForm
@@ -66,11 +67,11 @@ def _send(request: HtmxHttpRequest, conversation: Conversation | None) -> HttpRe
         conversation = services.conversation_create(user=request.user)
     try:
         prompt, answer = services.message_send(conversation=conversation, prompt=form.cleaned_data["prompt"])
-    except EngineOverloaded:
-        form.add_error(None, "The server is busy right now. Your message is saved; try again in a moment.")
-        response = _refuse(request, conversation, form, status=503)
-        response["Retry-After"] = str(RETRY_AFTER_S)
-        return response
+    except (EngineOverloaded, QuotaExceeded) as refusal:
+        if is_new:
+            conversation.delete()
+            conversation = None
+        return _refuse_generation(request, conversation, form, refusal)
     if not request.htmx:
         return redirect(conversation)
     context = {"conversation": conversation, "messages": [prompt, answer], "form": PromptForm(), "is_new": is_new}
@@ -78,6 +79,32 @@ def _send(request: HtmxHttpRequest, conversation: Conversation | None) -> HttpRe
     if is_new:
         response["HX-Push-Url"] = conversation.get_absolute_url()
     return response
+
+
+def _refuse_generation(
+    request: HtmxHttpRequest,
+    conversation: Conversation | None,
+    form: PromptForm,
+    refusal: EngineOverloaded | QuotaExceeded,
+) -> HttpResponse:
+    """Say in words why the answer could not start; the prompt stays in the box."""
+    if isinstance(refusal, QuotaExceeded):
+        form.add_error(None, f"{refusal.message} Try again in {_duration(refusal.retry_after)}.")
+        status, retry_after = 429, refusal.retry_after
+    else:
+        form.add_error(None, "The server is busy right now. Try again in a moment.")
+        status, retry_after = 503, RETRY_AFTER_S
+    response = _refuse(request, conversation, form, status=status)
+    response["Retry-After"] = str(retry_after)
+    return response
+
+
+def _duration(seconds: int) -> str:
+    if seconds < 90:
+        return f"{seconds} s"
+    if seconds < 5400:
+        return f"{round(seconds / 60)} min"
+    return f"{round(seconds / 3600)} h"
 
 
 def _refuse(

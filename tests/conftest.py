@@ -69,7 +69,7 @@ def smollm() -> Generator:
 
 
 def install_engine(store: InMemoryStreamStore, generator: Generator, **kwargs) -> Engine:
-    engine = Engine(lambda: generator, store, **kwargs)
+    engine = Engine(lambda: generator, store, producer=runtime.PRODUCER, **kwargs)
     engine.start()
     assert engine.wait_ready(30)
     runtime._engines[django_settings.CHAT_MODEL] = engine

@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
+from accounts.models import UsageRecord
 from generation import services
 from generation.engine import EngineOverloaded
 from generation.forms import MAX_PROMPT_CHARS
@@ -76,7 +77,7 @@ def test_empty_or_oversized_prompt_is_refused_with_the_form_error(alice, alice_c
     assert not Conversation.objects.filter(user=alice).exists()
 
 
-def test_full_queue_is_a_503_that_keeps_the_prompt(alice, alice_client, fast_engine, monkeypatch):
+def test_full_queue_is_a_503_that_keeps_the_prompt_in_the_box(alice, alice_client, fast_engine, monkeypatch):
     def refuse(job):
         raise EngineOverloaded("full")
 
@@ -84,10 +85,11 @@ def test_full_queue_is_a_503_that_keeps_the_prompt(alice, alice_client, fast_eng
     response = alice_client.post(reverse("generation:chat"), {"prompt": "Are you there?"}, **HTMX)
 
     assert response.status_code == 503 and response["Retry-After"]
-    assert "busy" in response.content.decode()
-    answer = Message.objects.get(role="assistant", conversation__user=alice)
-    assert answer.status == "error"
-    assert Message.objects.filter(role="user", content="Are you there?").exists()
+    page = response.content.decode()
+    assert "busy" in page and ">\nAre you there?</textarea>" in page
+    assert not Message.objects.filter(conversation__user=alice).exists()
+    assert not Conversation.objects.filter(user=alice).exists()
+    assert not UsageRecord.objects.filter(user=alice).exists()
 
 
 def test_chat_requires_login(client):

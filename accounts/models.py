@@ -1,0 +1,139 @@
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+DEFAULT_PLAN = "default"
+KEY_PREFIX = "cs-"
+
+
+class Plan(models.Model):
+    name = models.CharField(max_length=100, unique=True)
+    requests_per_minute = models.PositiveIntegerField(default=20)
+    tokens_per_day = models.PositiveIntegerField(default=200_000)
+    max_concurrent_streams = models.PositiveIntegerField(default=2)
+    max_tokens_per_request = models.PositiveIntegerField(default=1024)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class Limits:
+    requests_per_minute: int
+    tokens_per_day: int
+    max_concurrent_streams: int
+    max_tokens_per_request: int
+
+
+class Account(models.Model):
+    """A user's plan, and per-user overrides of its limits (blank: the plan's)."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="account")
+    plan = models.ForeignKey(Plan, on_delete=models.PROTECT, related_name="accounts")
+    requests_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    tokens_per_day = models.PositiveIntegerField(null=True, blank=True)
+    max_concurrent_streams = models.PositiveIntegerField(null=True, blank=True)
+    max_tokens_per_request = models.PositiveIntegerField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.user} on {self.plan}"
+
+    @property
+    def limits(self) -> Limits:
+        def pick(field: str) -> int:
+            override = getattr(self, field)
+            return int(getattr(self.plan, field) if override is None else override)
+
+        return Limits(
+            requests_per_minute=pick("requests_per_minute"),
+            tokens_per_day=pick("tokens_per_day"),
+            max_concurrent_streams=pick("max_concurrent_streams"),
+            max_tokens_per_request=pick("max_tokens_per_request"),
+        )
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class ApiKey(models.Model):
+    """An API key: shown once, stored as a SHA-256 hash with a display prefix."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16, db_index=True)
+    hashed = models.CharField(max_length=64, unique=True, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "API key"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    @property
+    def active(self) -> bool:
+        return self.revoked_at is None
+
+    @staticmethod
+    def generate() -> str:
+        # 32 random bytes; the prefix tells a leaked key apart in logs and scanners.
+        return KEY_PREFIX + secrets.token_urlsafe(32)
+
+    def matches(self, key: str) -> bool:
+        return hmac.compare_digest(self.hashed, hash_key(key))
+
+    def revoke(self) -> None:
+        if self.revoked_at is None:
+            self.revoked_at = timezone.now()
+            self.save(update_fields=["revoked_at"])
+
+
+class UsageRecord(models.Model):
+    """One generation, whatever the channel: the one ledger quotas are checked against."""
+
+    class Channel(models.TextChoices):
+        UI = "ui"
+        WS = "ws"
+        API = "api"
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="usage_records")
+    api_key = models.ForeignKey(ApiKey, on_delete=models.SET_NULL, null=True, blank=True, related_name="usage")
+    channel = models.CharField(max_length=8, choices=Channel.choices)
+    model = models.CharField(max_length=200)
+    stream_id = models.CharField(max_length=64, unique=True)
+    # The engine generating it while streaming (see Engine.producer), to settle orphans.
+    producer = models.CharField(max_length=200, blank=True)
+    status = models.CharField(max_length=20, default="streaming")
+    finish_reason = models.CharField(max_length=20, blank=True)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    # Reserved for the daily budget while streaming; replaced by the real count at the end.
+    reserved_tokens = models.PositiveIntegerField(default=0)
+    ttft_ms = models.PositiveIntegerField(null=True, blank=True)
+    duration_ms = models.PositiveIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["user", "created_at"]), models.Index(fields=["user", "status"])]
+
+    def __str__(self) -> str:
+        return f"{self.user} {self.channel} {self.model} {self.created_at:%Y-%m-%d %H:%M}"
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens

@@ -1,0 +1,210 @@
+"""Plans, quotas, API keys and the usage ledger."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from django.contrib.auth.models import User
+from django.core.cache import cache
+from django.db import transaction
+from django.db.models import Case, F, Sum, When
+from django.utils import timezone
+
+from accounts.models import DEFAULT_PLAN, Account, ApiKey, Limits, Plan, UsageRecord, hash_key
+
+STREAMING = "streaming"
+
+
+class QuotaExceeded(Exception):
+    """A limit refuses the request; `code` is the OpenAI-style error code."""
+
+    def __init__(self, code: str, message: str, retry_after: int, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.retry_after = retry_after
+        self.param = param
+
+
+class InvalidRequest(ValueError):
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+@dataclass(frozen=True)
+class Quota:
+    """Where a user stands against their limits right now."""
+
+    limits: Limits
+    requests_remaining: int
+    tokens_used_today: int
+    requests_reset_s: int
+    tokens_reset_s: int
+
+    @property
+    def tokens_remaining(self) -> int:
+        return max(0, self.limits.tokens_per_day - self.tokens_used_today)
+
+    def headers(self) -> dict[str, str]:
+        """OpenAI's rate-limit headers."""
+        return {
+            "x-ratelimit-limit-requests": str(self.limits.requests_per_minute),
+            "x-ratelimit-remaining-requests": str(max(0, self.requests_remaining)),
+            "x-ratelimit-limit-tokens": str(self.limits.tokens_per_day),
+            "x-ratelimit-remaining-tokens": str(self.tokens_remaining),
+            "x-ratelimit-reset-requests": f"{self.requests_reset_s}s",
+            "x-ratelimit-reset-tokens": f"{self.tokens_reset_s}s",
+        }
+
+
+def account_for(user: User) -> Account:
+    """The user's account, made on the default plan the first time."""
+    try:
+        return Account.objects.select_related("plan").get(user=user)
+    except Account.DoesNotExist:
+        plan, _ = Plan.objects.get_or_create(name=DEFAULT_PLAN)
+        account, _ = Account.objects.select_related("plan").get_or_create(user=user, defaults={"plan": plan})
+        return account
+
+
+def quota_for(user: User, *, limits: Limits | None = None) -> Quota:
+    limits = limits or account_for(user).limits
+    now = timezone.now()
+    used = _requests_this_minute(user, now)
+    return Quota(
+        limits=limits,
+        requests_remaining=limits.requests_per_minute - used,
+        tokens_used_today=_tokens_today(user, now),
+        requests_reset_s=60 - now.second,
+        tokens_reset_s=_seconds_to_midnight(now),
+    )
+
+
+def usage_admit(
+    *,
+    user: User,
+    channel: str,
+    model: str,
+    stream_id: str,
+    producer: str,
+    requested_max_tokens: int | None,
+    api_key: ApiKey | None = None,
+) -> tuple[UsageRecord, int, Quota]:
+    """Check every limit before a generation starts; record it in the ledger.
+
+    Returns the usage record, the max_tokens granted (capped by the plan and by what is
+    left of today's budget) and the quota after admission. Raises QuotaExceeded or
+    InvalidRequest.
+    """
+    limits = account_for(user).limits
+    if requested_max_tokens is not None and requested_max_tokens > limits.max_tokens_per_request:
+        raise InvalidRequest(f"max_tokens is at most {limits.max_tokens_per_request} on your plan.", param="max_tokens")
+    now = timezone.now()
+    if _count_request(user, now) > limits.requests_per_minute:
+        raise QuotaExceeded(
+            "rate_limit_exceeded",
+            f"Rate limit reached: {limits.requests_per_minute} requests per minute.",
+            retry_after=60 - now.second,
+        )
+    with transaction.atomic():
+        # Lock the account row so two requests can't both take the last stream or tokens.
+        Account.objects.select_for_update().filter(user=user).first()
+        running = UsageRecord.objects.filter(user=user, status=STREAMING).count()
+        if running >= limits.max_concurrent_streams:
+            raise QuotaExceeded(
+                "too_many_concurrent_streams",
+                f"At most {limits.max_concurrent_streams} answers can stream at once on your plan.",
+                retry_after=1,
+            )
+        remaining = limits.tokens_per_day - _tokens_today(user, now)
+        if remaining <= 0:
+            raise QuotaExceeded(
+                "insufficient_quota",
+                f"You have used today's {limits.tokens_per_day} tokens.",
+                retry_after=_seconds_to_midnight(now),
+            )
+        granted = min(requested_max_tokens or limits.max_tokens_per_request, limits.max_tokens_per_request, remaining)
+        record = UsageRecord.objects.create(
+            user=user,
+            api_key=api_key,
+            channel=channel,
+            model=model,
+            stream_id=stream_id,
+            producer=producer,
+            reserved_tokens=granted,
+            created_at=now,
+        )
+    return record, granted, quota_for(user, limits=limits)
+
+
+def usage_finish(
+    *,
+    stream_id: str,
+    status: str,
+    finish_reason: str,
+    prompt_tokens: int,
+    completion_tokens: int,
+    ttft_ms: int | None,
+    duration_ms: int,
+) -> None:
+    UsageRecord.objects.filter(stream_id=stream_id).update(
+        status=status,
+        finish_reason=finish_reason,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        reserved_tokens=0,
+        ttft_ms=ttft_ms,
+        duration_ms=duration_ms,
+    )
+
+
+def api_key_create(*, user: User, name: str) -> tuple[ApiKey, str]:
+    """Make a key; the plain key is returned this once and never stored."""
+    plain = ApiKey.generate()
+    key = ApiKey.objects.create(user=user, name=name, prefix=plain[:10], hashed=hash_key(plain))
+    return key, plain
+
+
+def api_key_authenticate(plain: str) -> ApiKey | None:
+    """The active key matching `plain`, with its user; marks it used."""
+    key = ApiKey.objects.select_related("user").filter(hashed=hash_key(plain), revoked_at__isnull=True).first()
+    if key is None or not key.matches(plain) or not key.user.is_active:
+        return None
+    now = timezone.now()
+    # Write last-used at most once a minute: a hot key would otherwise write every request.
+    if key.last_used_at is None or now - key.last_used_at > dt.timedelta(minutes=1):
+        ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
+        key.last_used_at = now
+    return key
+
+
+def _count_request(user: User, now: dt.datetime) -> int:
+    """Count one request in this minute's window (atomic in Redis and in the local cache)."""
+    key = f"ratelimit:{user.pk}:{now:%Y%m%d%H%M}"
+    cache.add(key, 0, timeout=120)
+    return int(cache.incr(key))
+
+
+def _requests_this_minute(user: User, now: dt.datetime) -> int:
+    return int(cache.get(f"ratelimit:{user.pk}:{now:%Y%m%d%H%M}", 0))
+
+
+def _tokens_today(user: User, now: dt.datetime) -> int:
+    midnight = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    used = UsageRecord.objects.filter(user=user, created_at__gte=midnight).aggregate(
+        tokens=Sum(
+            Case(
+                When(status=STREAMING, then=F("prompt_tokens") + F("reserved_tokens")),
+                default=F("prompt_tokens") + F("completion_tokens"),
+            )
+        )
+    )["tokens"]
+    return int(used or 0)
+
+
+def _seconds_to_midnight(now: dt.datetime) -> int:
+    tomorrow = (now + dt.timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
+    return int((tomorrow - now).total_seconds())
