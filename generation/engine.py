@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from generation.generators import ContextLengthExceeded, GenerationParams, Generator, Messages
+from generation.generators import ContextLengthExceeded, GenerationParams, Generator, Prompt
 from generation.streams import StreamStore
 
 logger = logging.getLogger(__name__)
@@ -58,12 +58,47 @@ class GenerationResult:
 @dataclass
 class Job:
     stream_id: str
-    messages: Messages
+    prompt: Prompt
     params: GenerationParams = field(default_factory=GenerationParams)
     # Called from the engine thread with the text so far, at most every
     # `progress_interval_s`, and with the final result.
     on_progress: Callable[[str], None] | None = None
     on_finish: Callable[[GenerationResult], None] | None = None
+
+
+class StopMatcher:
+    """Cuts the text at the first stop sequence, holding back what may be the start of one."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops = tuple(s for s in stops if s)
+        self.matched = False
+        self._held = ""
+
+    def feed(self, text: str) -> str:
+        """The part of the text seen so far that is safe to show now."""
+        if not self.stops:
+            return text
+        self._held += text
+        found = [i for i in (self._held.find(s) for s in self.stops) if i >= 0]
+        if found:
+            self.matched = True
+            safe, self._held = self._held[: min(found)], ""
+            return safe
+        keep = max((_overlap(self._held, s) for s in self.stops), default=0)
+        safe, self._held = self._held[: len(self._held) - keep], self._held[len(self._held) - keep :]
+        return safe
+
+    def flush(self) -> str:
+        held, self._held = self._held, ""
+        return held
+
+
+def _overlap(text: str, stop: str) -> int:
+    """Length of the longest end of `text` that is a beginning of `stop`."""
+    for size in range(min(len(text), len(stop) - 1), 0, -1):
+        if stop.startswith(text[-size:]):
+            return size
+    return 0
 
 
 class EngineOverloaded(RuntimeError):
@@ -98,6 +133,7 @@ class Engine:
         self.generator: Generator | None = None
         self.load_error: str | None = None
         self.active = 0
+        self.generated_tokens = 0
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._lock = threading.Lock()
         self._loaded = threading.Event()  # set once loading ended, well or not
@@ -195,8 +231,12 @@ class Engine:
         first_token_at: float | None = None
         last_progress = started
 
-        def on_token(text: str) -> None:
+        stop = StopMatcher(job.params.stop)
+
+        def publish(text: str) -> None:
             nonlocal first_token_at, last_progress
+            if not text:
+                return
             now = time.monotonic()
             if first_token_at is None:
                 first_token_at = now
@@ -206,8 +246,12 @@ class Engine:
                 last_progress = now
                 _call_safely(job.on_progress, "".join(pieces))
 
+        def on_token(text: str) -> None:
+            if not stop.matched:
+                publish(stop.feed(text))
+
         def should_stop() -> bool:
-            return self.store.is_cancelled(job.stream_id)
+            return stop.matched or self.store.is_cancelled(job.stream_id)
 
         def result(**kwargs: Any) -> GenerationResult:
             return GenerationResult(
@@ -223,10 +267,12 @@ class Engine:
             if should_stop():  # cancelled while waiting in the queue
                 outcome_kwargs: dict[str, Any] = {"status": "stopped", "finish_reason": "cancelled"}
             else:
-                outcome = self.generator.generate(job.messages, job.params, on_token, should_stop)
+                outcome = self.generator.generate(job.prompt, job.params, on_token, should_stop)
+                publish(stop.flush())
+                finish_reason = "stop" if stop.matched else outcome.finish_reason
                 outcome_kwargs = {
-                    "status": "stopped" if outcome.finish_reason == "cancelled" else "complete",
-                    "finish_reason": outcome.finish_reason,
+                    "status": "stopped" if finish_reason == "cancelled" else "complete",
+                    "finish_reason": finish_reason,
                     "prompt_tokens": outcome.prompt_tokens,
                     "completion_tokens": outcome.completion_tokens,
                 }
@@ -236,6 +282,8 @@ class Engine:
         except Exception as error:
             logger.exception("Generation %s failed", job.stream_id)
             final = result(status="error", finish_reason="error", error=f"Generation failed: {error}")
+        with self._lock:
+            self.generated_tokens += final.completion_tokens
         if job.on_finish:
             _call_safely(job.on_finish, final)
         if final.status == "error":

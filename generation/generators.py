@@ -19,6 +19,8 @@ from generation.registry import ModelSpec
 logger = logging.getLogger(__name__)
 
 Messages = list[dict[str, str]]
+# A chat (rendered with the model's chat template) or a raw text prompt.
+Prompt = Messages | str
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,7 @@ class GenerationParams:
     temperature: float = 0.7
     top_p: float = 1.0
     seed: int | None = None
+    stop: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -44,9 +47,11 @@ class Generator(Protocol):
     name: str
     context_length: int
 
+    def count_prompt_tokens(self, prompt: Prompt) -> int: ...
+
     def generate(
         self,
-        messages: Messages,
+        prompt: Prompt,
         params: GenerationParams,
         on_token: Callable[[str], None],
         should_stop: Callable[[], bool],
@@ -66,9 +71,19 @@ class TransformersGenerator:
         self.eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         self._torch = torch
 
+    def encode(self, prompt: Prompt) -> Any:
+        if isinstance(prompt, str):
+            return self.tokenizer(prompt, return_tensors="pt")
+        return self.tokenizer.apply_chat_template(
+            prompt, add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
+
+    def count_prompt_tokens(self, prompt: Prompt) -> int:
+        return int(self.encode(prompt)["input_ids"].shape[1])
+
     def generate(
         self,
-        messages: Messages,
+        prompt: Prompt,
         params: GenerationParams,
         on_token: Callable[[str], None],
         should_stop: Callable[[], bool],
@@ -76,9 +91,7 @@ class TransformersGenerator:
         from transformers import StoppingCriteriaList
 
         torch = self._torch
-        inputs = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
-        ).to(self.device)
+        inputs = self.encode(prompt).to(self.device)
         prompt_tokens = int(inputs["input_ids"].shape[1])
         room = self.context_length - prompt_tokens
         if room <= 0:
@@ -176,14 +189,19 @@ class SyntheticGenerator:
         self.interval = 1.0 / tokens_per_s
         self.answer_words = answer_words
 
+    def count_prompt_tokens(self, prompt: Prompt) -> int:
+        if isinstance(prompt, str):
+            return len(prompt.split())
+        return sum(len(m["content"].split()) for m in prompt)
+
     def generate(
         self,
-        messages: Messages,
+        prompt: Prompt,
         params: GenerationParams,
         on_token: Callable[[str], None],
         should_stop: Callable[[], bool],
     ) -> GenerationOutcome:
-        prompt_tokens = sum(len(m["content"].split()) for m in messages)
+        prompt_tokens = self.count_prompt_tokens(prompt)
         words = itertools.cycle(SYNTHETIC_TEXT.split())
         limit = params.max_tokens if self.answer_words is None else min(params.max_tokens, self.answer_words)
         count = 0

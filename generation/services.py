@@ -17,7 +17,7 @@ from accounts.models import ApiKey
 from accounts.services import Quota, usage_admit, usage_finish
 from generation import runtime
 from generation.engine import EngineOverloaded, GenerationResult, Job
-from generation.generators import GenerationParams
+from generation.generators import GenerationParams, Prompt
 from generation.models import Conversation, Message
 from generation.streams import StreamNotFound
 
@@ -62,7 +62,7 @@ def generation_start(
     user: User,
     channel: str,
     model: str,
-    messages: list[dict[str, str]],
+    prompt: Prompt,
     params: GenerationParams,
     requested_max_tokens: int | None,
     api_key: ApiKey | None = None,
@@ -104,7 +104,7 @@ def generation_start(
 
     job = Job(
         stream_id=stream_id,
-        messages=messages,
+        prompt=prompt,
         params=replace(params, max_tokens=min(params.max_tokens, granted)),
         on_progress=_engine_thread_task(on_progress) if on_progress else None,
         on_finish=_engine_thread_task(finish),
@@ -141,7 +141,7 @@ def message_send(*, conversation: Conversation, prompt: str, channel: str = "ui"
             user=conversation.user,
             channel=channel,
             model=conversation.model,
-            messages=[*history, {"role": "user", "content": prompt}],
+            prompt=[*history, {"role": "user", "content": prompt}],
             params=GenerationParams(max_tokens=conversation.max_tokens, temperature=conversation.temperature),
             requested_max_tokens=None,
             on_progress=partial(message_save_progress, answer.pk),

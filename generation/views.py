@@ -17,6 +17,7 @@ from accounts.services import QuotaExceeded
 from generation import runtime, services
 from generation.engine import EngineOverloaded
 from generation.forms import PromptForm
+from generation.metrics import render_metrics
 from generation.models import Conversation, Message
 
 RETRY_AFTER_S = 5
@@ -149,6 +150,12 @@ def readyz(request: HttpRequest) -> HttpResponse:
         checks["redis"] = _check(_ping_redis)
     ready = all(value == "ok" for value in checks.values())
     return JsonResponse({"status": "ok" if ready else "unavailable", "checks": checks}, status=200 if ready else 503)
+
+
+@require_GET
+def metrics(request: HttpRequest) -> HttpResponse:
+    """Prometheus metrics."""
+    return HttpResponse(render_metrics(), content_type="text/plain; version=0.0.4; charset=utf-8")
 
 
 def _check(probe: Any) -> str:

@@ -1,0 +1,331 @@
+"""The OpenAI-compatible API through Django's test client (the openai client runs in test_api_live.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.test import Client
+
+from accounts.models import Account, UsageRecord
+from accounts.services import account_for, api_key_create
+from generation.engine import EngineOverloaded
+from generation.generators import SYNTHETIC_TEXT
+from tests.conftest import wait_for_terminal
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+MODEL = "smollm2-135m-instruct"
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hello"}]}
+RATE_HEADERS = (
+    "x-ratelimit-limit-requests",
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-limit-tokens",
+    "x-ratelimit-remaining-tokens",
+    "x-ratelimit-reset-requests",
+    "x-ratelimit-reset-tokens",
+)
+
+
+@pytest.fixture
+def alice_key(alice) -> str:
+    return api_key_create(user=alice, name="test")[1]
+
+
+@pytest.fixture
+def bob_key(bob) -> str:
+    return api_key_create(user=bob, name="test")[1]
+
+
+def post(path: str, body: object, key: str | None, **headers: str):
+    if key:
+        headers.setdefault("HTTP_AUTHORIZATION", f"Bearer {key}")
+    raw = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    return Client().post(path, raw, content_type="application/json", **headers)
+
+
+def get(path: str, key: str | None, **headers: str):
+    if key:
+        headers.setdefault("HTTP_AUTHORIZATION", f"Bearer {key}")
+    return Client().get(path, **headers)
+
+
+def sse(response) -> list[tuple[str | None, str]]:
+    """(id, data) of each event; comments skipped."""
+    body = b"".join(response).decode()  # Django consumes the async stream for the sync client
+    events = []
+    for block in body.strip().split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.splitlines() if not line.startswith(":"))
+        if "data" in lines:
+            events.append((lines.get("id"), lines["data"]))
+    return events
+
+
+def assert_error(response, status: int, code: str | None, param: str | None = None) -> dict:
+    assert response.status_code == status, response.content
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    assert error["code"] == code
+    if param:
+        assert error["param"] == param
+    return error
+
+
+def test_models_lists_the_available_models(alice_key, fast_engine):
+    response = get("/v1/models", alice_key)
+    assert response.status_code == 200
+    body = response.json()
+    assert body["object"] == "list" and body["data"][0] == {
+        "id": MODEL,
+        "object": "model",
+        "created": 0,
+        "owned_by": "chatsite",
+    }
+    assert all(response.has_header(name) for name in RATE_HEADERS)
+    assert response["X-Request-Id"]
+
+
+def test_non_streaming_chat_completion(alice, alice_key, fast_engine):
+    response = post("/v1/chat/completions", {**CHAT, "max_tokens": 5}, alice_key)
+
+    assert response.status_code == 200
+    body = response.json()
+    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
+    choice = body["choices"][0]
+    assert choice["message"]["role"] == "assistant"
+    assert choice["message"]["content"] == " ".join(SYNTHETIC_TEXT.split()[:5])
+    assert choice["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": 1, "completion_tokens": 5, "total_tokens": 6}
+    record = UsageRecord.objects.get(user=alice)
+    assert record.channel == "api" and record.completion_tokens == 5 and record.status == "complete"
+    assert record.api_key.name == "test"
+
+
+def test_streaming_chat_completion_follows_the_contract(alice_key, fast_engine):
+    response = post(
+        "/v1/chat/completions", {**CHAT, "stream": True, "stream_options": {"include_usage": True}}, alice_key
+    )
+
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/event-stream")
+    assert response["Cache-Control"] == "no-cache" and response["X-Accel-Buffering"] == "no"
+    assert response["X-Request-Id"] and all(response.has_header(name) for name in RATE_HEADERS)
+    events = sse(response)
+    assert events[-1] == (None, "[DONE]")
+    chunks = [(event_id, json.loads(data)) for event_id, data in events[:-1]]
+    ids = [int(event_id) for event_id, _ in chunks]
+    assert ids == sorted(ids) and ids[0] == 0
+    first = chunks[0][1]
+    assert first["object"] == "chat.completion.chunk" and first["choices"][0]["delta"]["role"] == "assistant"
+    contents = [c["choices"][0]["delta"].get("content", "") for _, c in chunks if c["choices"]]
+    assert "".join(contents) == " ".join(SYNTHETIC_TEXT.split()[:12])
+    finish = [c for _, c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert len(finish) == 1 and finish[0]["choices"][0]["finish_reason"] == "stop"
+    usage = chunks[-1][1]
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 12
+    assert len({c["id"] for _, c in chunks}) == 1
+
+
+def test_legacy_completion_streams_text_chunks(alice_key, fast_engine):
+    response = post("/v1/completions", {"model": MODEL, "prompt": "Once upon a time", "stream": True}, alice_key)
+    events = sse(response)
+    chunks = [json.loads(data) for _, data in events[:-1]]
+    assert chunks[0]["object"] == "text_completion" and chunks[0]["id"].startswith("cmpl-")
+    assert "".join(c["choices"][0]["text"] for c in chunks) == " ".join(SYNTHETIC_TEXT.split()[:12])
+    whole = post("/v1/completions", {"model": MODEL, "prompt": ["Once"], "max_tokens": 3}, alice_key).json()
+    assert whole["choices"][0]["text"] == " ".join(SYNTHETIC_TEXT.split()[:3])
+
+
+def test_stop_sequence_cuts_the_answer_before_it(alice_key, fast_engine):
+    body = post("/v1/chat/completions", {**CHAT, "stop": [" at", "zzz"]}, alice_key).json()
+    assert body["choices"][0]["message"]["content"] == "Streaming tokens one"
+    assert body["choices"][0]["finish_reason"] == "stop"
+
+
+def test_x_api_key_header_works_too(alice_key, fast_engine):
+    assert get("/v1/models", None, HTTP_X_API_KEY=alice_key).status_code == 200
+
+
+@pytest.mark.parametrize("header", [{}, {"HTTP_AUTHORIZATION": "Bearer cs-nope"}, {"HTTP_AUTHORIZATION": "Basic x"}])
+def test_missing_or_wrong_key_is_401(fast_engine, header):
+    response = get("/v1/models", None, **header)
+    assert_error(response, 401, "invalid_api_key")
+    assert not response.has_header("x-ratelimit-limit-requests")
+
+
+def test_revoked_key_is_401(alice, fast_engine):
+    key, plain = api_key_create(user=alice, name="old")
+    key.revoke()
+    assert_error(get("/v1/models", plain), 401, "invalid_api_key")
+
+
+def test_unknown_model_is_404(alice_key, fast_engine):
+    assert_error(post("/v1/chat/completions", {**CHAT, "model": "gpt-9"}, alice_key), 404, "model_not_found", "model")
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (b"{not json", None),
+        ([1, 2], None),
+        ({"model": MODEL}, "messages"),
+        ({**CHAT, "messages": []}, "messages"),
+        ({**CHAT, "messages": [{"role": "robot", "content": "x"}]}, "messages.0.role"),
+        ({**CHAT, "temperature": "hot"}, "temperature"),
+        ({**CHAT, "temperature": 3}, "temperature"),
+        ({**CHAT, "top_p": 0}, "top_p"),
+        ({**CHAT, "max_tokens": 0}, "max_tokens"),
+        ({**CHAT, "max_tokens": "ten"}, "max_tokens"),
+        ({**CHAT, "n": 2}, "n"),
+        ({**CHAT, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({**CHAT, "stream": "yes"}, "stream"),
+        ({**CHAT, "frequency_penalty": 0.5}, "frequency_penalty"),
+        ({**CHAT, "stream_options": {"include_usage": True, "colour": "red"}}, "stream_options.colour"),
+    ],
+)
+def test_malformed_bodies_are_400_and_start_nothing(alice, alice_key, fast_engine, body, param):
+    error = assert_error(post("/v1/chat/completions", body, alice_key), 400, None)
+    assert error["type"] == "invalid_request_error" and error["param"] == param
+    assert not UsageRecord.objects.filter(user=alice).exists()
+
+
+def test_oversized_body_is_413(alice_key, fast_engine, settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
+    body = {**CHAT, "messages": [{"role": "user", "content": "x" * 2000}]}
+    assert_error(post("/v1/chat/completions", body, alice_key), 413, None)
+
+
+def test_prompt_longer_than_the_context_is_context_length_exceeded(alice_key, fast_engine, monkeypatch):
+    monkeypatch.setattr(fast_engine.generator, "context_length", 10)
+    body = {**CHAT, "messages": [{"role": "user", "content": "word " * 20}]}
+    assert_error(post("/v1/chat/completions", body, alice_key), 400, "context_length_exceeded", "messages")
+
+
+def test_max_tokens_above_the_plan_is_400(alice, alice_key, fast_engine):
+    limit = account_for(alice).limits.max_tokens_per_request
+    assert_error(post("/v1/chat/completions", {**CHAT, "max_tokens": limit + 1}, alice_key), 400, None, "max_tokens")
+    assert (
+        post("/v1/chat/completions", {**CHAT, "max_completion_tokens": 2}, alice_key).json()["usage"][
+            "completion_tokens"
+        ]
+        == 2
+    )
+
+
+def test_requests_per_minute_limit_is_429_with_retry_after(alice, alice_key, fast_engine):
+    Account.objects.filter(pk=account_for(alice).pk).update(requests_per_minute=2)
+    for _ in range(2):
+        assert post("/v1/chat/completions", {**CHAT, "max_tokens": 1}, alice_key).status_code == 200
+    response = post("/v1/chat/completions", {**CHAT, "max_tokens": 1}, alice_key)
+    assert_error(response, 429, "rate_limit_exceeded")
+    assert 0 < int(response["Retry-After"]) <= 60
+    assert response["x-ratelimit-limit-requests"] == "2" and response["x-ratelimit-remaining-requests"] == "0"
+
+
+def test_daily_tokens_cap_max_tokens_then_refuse(alice, alice_key, fast_engine):
+    Account.objects.filter(pk=account_for(alice).pk).update(tokens_per_day=6)
+    capped = post("/v1/chat/completions", CHAT, alice_key).json()
+    assert capped["usage"]["completion_tokens"] == 6 and capped["choices"][0]["finish_reason"] == "length"
+    response = post("/v1/chat/completions", CHAT, alice_key)
+    assert_error(response, 429, "insufficient_quota")
+    assert response.json()["error"]["type"] == "insufficient_quota" and int(response["Retry-After"]) > 0
+    assert response["x-ratelimit-remaining-tokens"] == "0"
+
+
+def test_concurrent_streams_limit_is_429(alice, alice_key, stream_store):
+    from generation.generators import SyntheticGenerator
+    from tests.conftest import install_engine
+
+    engine = install_engine(stream_store, SyntheticGenerator(tokens_per_s=20))
+    Account.objects.filter(pk=account_for(alice).pk).update(max_concurrent_streams=1)
+    # A stream that is started but not read: its generation runs on.
+    post("/v1/chat/completions", {**CHAT, "stream": True, "stream_options": {"resumable": True}}, alice_key)
+    first = UsageRecord.objects.get(user=alice)
+    assert_error(post("/v1/chat/completions", CHAT, alice_key), 429, "too_many_concurrent_streams")
+    stream_store.cancel(first.stream_id)
+    wait_for_terminal(stream_store, first.stream_id)
+    engine.stop(5)
+
+
+def test_full_queue_is_503_with_retry_after(alice_key, fast_engine, monkeypatch):
+    def refuse(job):
+        raise EngineOverloaded("full")
+
+    monkeypatch.setattr(fast_engine, "submit", refuse)
+    response = post("/v1/chat/completions", CHAT, alice_key)
+    assert_error(response, 503, "server_overloaded")
+    assert response["Retry-After"]
+
+
+def test_resume_after_an_event_replays_the_rest(alice_key, fast_engine):
+    whole = post("/v1/chat/completions", {**CHAT, "stream": True, "stream_options": {"resumable": True}}, alice_key)
+    events = sse(whole)
+    completion_id = json.loads(events[0][1])["id"]
+    full_text = "".join(
+        json.loads(d)["choices"][0]["delta"].get("content", "") for _, d in events[:-1] if json.loads(d)["choices"]
+    )
+
+    resumed = sse(get(f"/v1/streams/{completion_id}", alice_key, HTTP_LAST_EVENT_ID="5"))
+    text = "".join(
+        json.loads(d)["choices"][0]["delta"].get("content", "") for _, d in resumed[:-1] if json.loads(d)["choices"]
+    )
+    assert full_text.endswith(text) and full_text[: -len(text)] == " ".join(SYNTHETIC_TEXT.split()[:5])
+    assert resumed[-1] == (None, "[DONE]")
+    assert sse(get(f"/v1/streams/{completion_id}?after=5", alice_key))[:-1] == resumed[:-1]
+    assert_error(get(f"/v1/streams/{completion_id}?after=x", alice_key), 400, None, "after")
+
+
+def test_bob_cannot_resume_cancel_or_see_alices_stream(alice_key, bob_key, fast_engine):
+    body = post("/v1/chat/completions", CHAT, alice_key).json()
+    assert_error(get(f"/v1/streams/{body['id']}", bob_key), 404, "stream_not_found")
+    assert_error(post(f"/v1/streams/{body['id']}/cancel", {}, bob_key), 404, "stream_not_found")
+    assert_error(get("/v1/streams/chatcmpl-unknown", alice_key), 404, "stream_not_found")
+    bob_usage = get("/v1/usage", bob_key).json()
+    assert bob_usage["tokens"]["used"] == 0
+
+
+def test_cancel_stops_a_running_generation(alice, alice_key, stream_store):
+    from generation.generators import SyntheticGenerator
+    from tests.conftest import install_engine
+
+    engine = install_engine(stream_store, SyntheticGenerator(tokens_per_s=20))
+    post("/v1/chat/completions", {**CHAT, "stream": True, "stream_options": {"resumable": True}}, alice_key)
+    record = UsageRecord.objects.get(user=alice)
+    response = post(f"/v1/streams/chatcmpl-{record.stream_id}/cancel", {}, alice_key)
+    assert response.status_code == 200 and response.json()["cancelled"] is True
+    done = wait_for_terminal(stream_store, record.stream_id)[-1]
+    engine.stop(5)
+    assert done.data["status"] == "stopped"
+    record.refresh_from_db()
+    assert record.status == "stopped" and record.completion_tokens < 1024
+
+
+def test_usage_reports_plan_used_and_remaining(alice_key, fast_engine):
+    post("/v1/chat/completions", {**CHAT, "max_tokens": 4}, alice_key)
+    body = get("/v1/usage", alice_key).json()
+    assert body["plan"] == "default"
+    assert body["tokens"]["used"] == 5 and body["tokens"]["remaining"] == body["tokens"]["per_day"] - 5
+    assert body["requests"]["used"] == 1 and body["requests"]["resets_in_s"] <= 60
+
+
+def test_openapi_document_and_docs_page(client):
+    document = client.get("/v1/openapi.json").json()
+    assert document["openapi"].startswith("3.1")
+    for path in ("/models", "/chat/completions", "/completions", "/streams/{id}", "/streams/{id}/cancel", "/usage"):
+        assert path in document["paths"]
+    assert "ChatCompletionRequest" in document["components"]["schemas"]
+    page = client.get("/v1/docs").content.decode()
+    assert "POST /v1/chat/completions" in page and "curl -N" in page
+
+
+def test_wrong_method_is_405(alice_key):
+    assert get("/v1/chat/completions", alice_key).status_code == 405
+    assert post("/v1/models", {}, alice_key).status_code == 405
+
+
+def test_metrics_report_generations_and_tokens(alice_key, fast_engine, client):
+    post("/v1/chat/completions", {**CHAT, "max_tokens": 3}, alice_key)
+    text = client.get("/metrics").content.decode()
+    assert f'chatsite_active_generations{{model="{MODEL}"}} 0' in text
+    assert f'chatsite_queued_generations{{model="{MODEL}"}} 0' in text
+    assert f'chatsite_generated_tokens_total{{model="{MODEL}"}} 3' in text
