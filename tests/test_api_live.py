@@ -1,0 +1,180 @@
+"""The API through the official `openai` client against a real daphne and the real model."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+
+from bench.livesite import ROOT, ChatClient, LiveSite
+
+MODEL = "smollm2-135m-instruct"
+HELLO = [{"role": "user", "content": "Write a short poem about rivers."}]
+
+
+def manage(site: LiveSite, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=ROOT, env=site.env, capture_output=True, text=True, check=True
+    )
+    return done.stdout.strip()
+
+
+def make_user_with_key(site: LiveSite, username: str) -> str:
+    ChatClient(site.base_url).signup(username)
+    return manage(site, "create_api_key", username, "--name", "tests")
+
+
+@pytest.fixture(scope="module")
+def alice_key(live_site) -> str:
+    return make_user_with_key(live_site, "api-alice")
+
+
+@pytest.fixture
+def client(live_site, alice_key) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{live_site.base_url}/v1", api_key=alice_key, max_retries=0)
+
+
+def active_generations(site: LiveSite) -> int:
+    metrics = httpx.get(f"{site.base_url}/metrics").text
+    return sum(int(v) for v in re.findall(r"^chatsite_active_generations\{[^}]*\} (\d+)$", metrics, re.M))
+
+
+def test_models_list(client):
+    assert MODEL in [model.id for model in client.models.list()]
+
+
+def test_streaming_chat_with_usage(client):
+    stream = client.chat.completions.create(
+        model=MODEL, messages=HELLO, stream=True, max_tokens=24, temperature=0, stream_options={"include_usage": True}
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert len(text) > 20
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == ["length"]
+    assert chunks[-1].usage.completion_tokens == 24 and chunks[-1].usage.prompt_tokens > 5
+
+
+def test_non_streaming_equals_streaming_for_greedy(client):
+    whole = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=16, temperature=0)
+    streamed = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=16, temperature=0, stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+    assert whole.choices[0].message.content == text
+    assert whole.usage.completion_tokens == 16 and whole.choices[0].finish_reason == "length"
+
+
+def test_stop_sequence(client):
+    whole = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=40, temperature=0)
+    text = whole.choices[0].message.content
+    stop = text.split()[3]
+    cut = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=40, temperature=0, stop=[stop])
+    assert cut.choices[0].message.content == text[: text.index(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+
+
+def test_legacy_completion(client):
+    completion = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=5, temperature=0)
+    assert completion.choices[0].text and completion.usage.completion_tokens == 5
+
+
+def test_resume_after_a_dropped_connection_equals_the_uninterrupted_text(client, live_site, alice_key):
+    uninterrupted = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=40, temperature=0)
+    headers = {"Authorization": f"Bearer {alice_key}"}
+    body = {
+        "model": MODEL,
+        "messages": HELLO,
+        "max_tokens": 40,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"resumable": True},
+    }
+    seen, last_id, completion_id = [], None, None
+    with httpx.stream("POST", f"{live_site.base_url}/v1/chat/completions", json=body, headers=headers) as response:
+        for line in response.iter_lines():
+            if line.startswith("id: "):
+                last_id = line[4:]
+            elif line.startswith("data: {"):
+                chunk = openai.types.chat.ChatCompletionChunk.model_validate_json(line[6:])
+                completion_id = chunk.id
+                seen.append(chunk.choices[0].delta.content or "")
+                if len(seen) >= 6:
+                    break  # drop the connection mid-answer
+    resumed = []
+    with httpx.stream(
+        "GET", f"{live_site.base_url}/v1/streams/{completion_id}", headers={**headers, "Last-Event-ID": last_id}
+    ) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                chunk = openai.types.chat.ChatCompletionChunk.model_validate_json(line[6:])
+                if chunk.choices:
+                    resumed.append(chunk.choices[0].delta.content or "")
+    assert "".join(seen + resumed) == uninterrupted.choices[0].message.content
+
+
+def test_client_disconnect_cancels_the_generation_within_a_second(client, live_site):
+    stream = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=400, stream=True)
+    for n, _ in enumerate(stream):
+        if n == 3:
+            break
+    assert active_generations(live_site) == 1
+    stream.close()
+    closed_at = time.monotonic()
+    while active_generations(live_site) != 0:
+        assert time.monotonic() - closed_at < 1.0, "the generation kept running after the client left"
+        time.sleep(0.02)
+
+
+def test_bad_key_unknown_model_and_bad_input_raise_the_matching_errors(live_site, client):
+    bad = openai.OpenAI(base_url=f"{live_site.base_url}/v1", api_key="cs-wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as error:
+        bad.models.list()
+    assert error.value.code == "invalid_api_key"
+    with pytest.raises(openai.NotFoundError) as error:
+        client.chat.completions.create(model="gpt-9", messages=HELLO)
+    assert error.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(model=MODEL, messages=HELLO, temperature=5)
+    assert error.value.param == "temperature"
+
+
+def test_revoked_key_is_refused(live_site):
+    key = make_user_with_key(live_site, "api-revoked")
+    manage(
+        live_site,
+        "shell",
+        "-c",
+        "from accounts.models import ApiKey; [k.revoke() for k in ApiKey.objects.filter(user__username='api-revoked')]",
+    )
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{live_site.base_url}/v1", api_key=key, max_retries=0).models.list()
+
+
+def test_rate_limit_refusal_carries_retry_after_and_headers(live_site):
+    key = make_user_with_key(live_site, "api-limited")
+    manage(
+        live_site,
+        "shell",
+        "-c",
+        "from accounts.services import account_for; from django.contrib.auth.models import User; "
+        "a = account_for(User.objects.get(username='api-limited')); a.requests_per_minute = 1; a.save()",
+    )
+    limited = openai.OpenAI(base_url=f"{live_site.base_url}/v1", api_key=key, max_retries=0)
+    limited.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=1)
+    with pytest.raises(openai.RateLimitError) as error:
+        limited.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=1)
+    headers = error.value.response.headers
+    assert error.value.code == "rate_limit_exceeded"
+    assert int(headers["retry-after"]) > 0 and headers["x-ratelimit-remaining-requests"] == "0"
+
+
+def test_bob_cannot_resume_or_cancel_alices_stream(client, live_site):
+    whole = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2)
+    bob = {"Authorization": f"Bearer {make_user_with_key(live_site, 'api-bob')}"}
+    assert httpx.get(f"{live_site.base_url}/v1/streams/{whole.id}", headers=bob).status_code == 404
+    assert httpx.post(f"{live_site.base_url}/v1/streams/{whole.id}/cancel", headers=bob).status_code == 404
