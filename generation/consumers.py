@@ -19,6 +19,8 @@ from channels.generic.http import AsyncHttpConsumer
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.template.loader import render_to_string
 
+from accounts.models import UsageRecord
+from accounts.services import QuotaExceeded
 from generation import runtime, services
 from generation.engine import EngineOverloaded
 from generation.forms import PromptForm
@@ -205,10 +207,13 @@ class ChatSocketConsumer(AsyncJsonWebsocketConsumer):
         assert self.conversation is not None
         try:
             _, answer = await sync_to_async(services.message_send)(
-                conversation=self.conversation, prompt=form.cleaned_data["prompt"]
+                conversation=self.conversation, prompt=form.cleaned_data["prompt"], channel=UsageRecord.Channel.WS
             )
         except EngineOverloaded:
             await self.send_error("The server is busy. Try again in a moment.", code="server_overloaded")
+            return
+        except QuotaExceeded as refusal:
+            await self.send_error(refusal.message, code=refusal.code)
             return
         self.stream_id = answer.stream_id
         await self.send_json({"type": "started", "message_id": answer.pk, "stream_id": answer.stream_id})

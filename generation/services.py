@@ -13,7 +13,7 @@ from typing import Any
 from django.contrib.auth.models import User
 from django.db import close_old_connections, transaction
 
-from accounts.models import ApiKey
+from accounts.models import ApiKey, UsageRecord
 from accounts.services import Quota, usage_admit, usage_finish
 from generation import runtime
 from generation.engine import EngineOverloaded, GenerationResult, Job
@@ -201,13 +201,31 @@ def message_mark_interrupted(message: Message) -> Message:
 
 
 def messages_settle_orphans() -> int:
-    """Mark interrupted the streaming answers of producers that no longer beat."""
+    """Mark interrupted the generations of producers that no longer beat.
+
+    Their answers keep their saved text; their usage records stop counting as running
+    streams (they would otherwise hold the user's concurrent-stream limit forever).
+    """
     store = runtime.stream_store()
     settled = 0
     for message in Message.objects.filter(status=Message.Status.STREAMING).exclude(producer=runtime.PRODUCER):
         if not store.producer_alive(message.producer):
             message_mark_interrupted(message)
             settled += 1
+    orphans = UsageRecord.objects.filter(status=Message.Status.STREAMING).exclude(producer=runtime.PRODUCER)
+    dead = {p for p in orphans.values_list("producer", flat=True).distinct() if not store.producer_alive(p)}
+    for record in orphans.filter(producer__in=dead):
+        usage_finish(
+            stream_id=record.stream_id,
+            status=Message.Status.INTERRUPTED,
+            finish_reason="error",
+            prompt_tokens=record.prompt_tokens,
+            completion_tokens=0,  # unknown; the user is not charged for a crash
+            ttft_ms=None,
+            duration_ms=0,
+        )
+        with contextlib.suppress(StreamNotFound, ValueError):
+            store.append(record.stream_id, "error", {"message": "interrupted", "status": Message.Status.INTERRUPTED})
     return settled
 
 

@@ -128,3 +128,23 @@ def test_model_output_is_escaped_in_the_page(alice, alice_client):
 
 def test_unsupported_method_is_405(alice_client):
     assert alice_client.put(reverse("generation:chat")).status_code == 405
+
+
+def test_quota_refusal_is_shown_in_words_and_starts_nothing(alice, alice_client, fast_engine):
+    from accounts.models import Account
+    from accounts.services import account_for
+
+    Account.objects.filter(pk=account_for(alice).pk).update(tokens_per_day=0)
+    response = alice_client.post(reverse("generation:chat"), {"prompt": "Hello?"}, **HTMX)
+
+    assert response.status_code == 429 and int(response["Retry-After"]) > 0
+    assert "used today" in response.content.decode() and "Try again in" in response.content.decode()
+    assert not Message.objects.filter(conversation__user=alice).exists()
+
+
+def test_browser_generations_are_recorded_in_the_one_ledger(alice, alice_client, fast_engine):
+    alice_client.post(reverse("generation:chat"), {"prompt": "Count me"}, **HTMX)
+    answer = Message.objects.get(role="assistant", conversation__user=alice)
+    wait_for_terminal(fast_engine.store, answer.stream_id)
+    record = UsageRecord.objects.get(stream_id=answer.stream_id)
+    assert record.channel == "ui" and record.user == alice and record.completion_tokens == 12

@@ -134,3 +134,31 @@ async def test_second_generate_while_streaming_is_refused(alice_client, conversa
     await communicator.disconnect()
     engine.stop(5)
     assert await Message.objects.filter(conversation=conversation, role="user").acount() == 1
+
+
+async def test_quota_refusal_is_an_error_message(alice, alice_client, conversation, fast_engine):
+    from accounts.models import Account, UsageRecord
+    from accounts.services import account_for
+
+    account = await database_sync_to_async(account_for)(alice)
+    await Account.objects.filter(pk=account.pk).aupdate(tokens_per_day=0)
+    communicator = socket(conversation.id, [*session_headers(alice_client), ORIGIN])
+    await communicator.connect()
+    await communicator.send_json_to({"type": "generate", "prompt": "Hi"})
+    reply = await communicator.receive_json_from(timeout=5)
+    await communicator.disconnect()
+    assert reply["type"] == "error" and reply["code"] == "insufficient_quota"
+    assert not await UsageRecord.objects.filter(user=alice).aexists()
+
+
+async def test_socket_generations_are_recorded_as_ws(alice, alice_client, conversation, fast_engine):
+    from accounts.models import UsageRecord
+
+    communicator = socket(conversation.id, [*session_headers(alice_client), ORIGIN])
+    await communicator.connect()
+    await communicator.send_json_to({"type": "generate", "prompt": "Hi"})
+    started = await communicator.receive_json_from(timeout=5)
+    await receive_until_terminal(communicator)
+    await communicator.disconnect()
+    record = await UsageRecord.objects.aget(stream_id=started["stream_id"])
+    assert record.channel == "ws"

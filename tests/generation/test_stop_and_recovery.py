@@ -185,3 +185,16 @@ def _cookie_for(user) -> list[tuple[bytes, bytes]]:
 
 def test_runtime_producer_is_unique_per_process():
     assert runtime.PRODUCER.count(":") == 2
+
+
+def test_usage_records_of_a_dead_process_stop_counting_as_running_streams(alice, stream_store):
+    from accounts.models import UsageRecord
+
+    UsageRecord.objects.create(user=alice, channel="api", model="m", stream_id="deadapi", producer="gone")
+    stream_store.create("deadapi")
+
+    services.messages_settle_orphans()
+
+    record = UsageRecord.objects.get(stream_id="deadapi")
+    assert record.status == "interrupted" and record.reserved_tokens == 0
+    assert stream_store.events("deadapi")[-1].type == "error"
