@@ -13,4 +13,6 @@ urlpatterns = [
         name="login",
     ),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("keys/", views.keys, name="keys"),
+    path("keys/<int:key_id>/revoke/", views.key_revoke, name="key_revoke"),
 ]

@@ -1,11 +1,24 @@
 from __future__ import annotations
 
+from django.contrib import messages
 from django.contrib.auth import login
+from django.contrib.auth.decorators import login_required
 from django.contrib.auth.forms import UserCreationForm
 from django.contrib.auth.models import User
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import redirect, render
-from django.views.decorators.http import require_http_methods
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_http_methods, require_POST
+
+from accounts.forms import ApiKeyCreateForm
+from accounts.models import ApiKey
+from accounts.services import account_for, api_key_create, quota_for
+
+
+class AuthenticatedHttpRequest(HttpRequest):
+    """A request to a login_required view."""
+
+    user: User
 
 
 @require_http_methods(["GET", "POST"])
@@ -19,3 +32,41 @@ def signup(request: HttpRequest) -> HttpResponse:
         return redirect("generation:chat")
     status = 400 if request.method == "POST" else 200
     return render(request, "accounts/signup.html", {"form": form}, status=status)
+
+
+# never_cache: the response to a create holds the plain key; no cache may keep it.
+@never_cache
+@login_required
+@require_http_methods(["GET", "POST"])
+def keys(request: AuthenticatedHttpRequest) -> HttpResponse:
+    """The user's API keys; a POST makes one and shows its plain key this once."""
+    form = ApiKeyCreateForm(request.POST or None)
+    if request.method == "GET":
+        return _keys_page(request, form)
+    if not form.is_valid():
+        return _keys_page(request, form, status=400)
+    _, plain_key = api_key_create(user=request.user, name=form.cleaned_data["name"])
+    return _keys_page(request, ApiKeyCreateForm(), plain_key=plain_key, status=201)
+
+
+@login_required
+@require_POST
+def key_revoke(request: AuthenticatedHttpRequest, key_id: int) -> HttpResponse:
+    key = get_object_or_404(ApiKey, pk=key_id, user=request.user)
+    key.revoke()
+    messages.success(request, f"Revoked the key “{key.name}”. Requests with it are now refused.")
+    return redirect("accounts:keys")
+
+
+def _keys_page(
+    request: AuthenticatedHttpRequest, form: ApiKeyCreateForm, *, plain_key: str | None = None, status: int = 200
+) -> HttpResponse:
+    account = account_for(request.user)
+    context = {
+        "form": form,
+        "plain_key": plain_key,
+        "api_keys": ApiKey.objects.filter(user=request.user).order_by("-created_at", "-pk"),
+        "account": account,
+        "quota": quota_for(request.user, limits=account.limits),
+    }
+    return render(request, "accounts/keys.html", context, status=status)

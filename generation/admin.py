@@ -1,5 +1,22 @@
-from django.contrib import admin
+"""Admin for conversations and messages, and the live generations page (force stop)."""
 
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path
+from django.views.decorators.http import require_GET, require_POST
+
+from accounts.models import UsageRecord
+from accounts.services import STREAMING
+from generation import runtime, services
 from generation.models import Conversation, Message
 
 
@@ -19,9 +36,83 @@ class ConversationAdmin(admin.ModelAdmin):
     inlines = [MessageInline]
 
 
+class ForceStopForm(forms.Form):
+    stream_id = forms.CharField(max_length=UsageRecord._meta.get_field("stream_id").max_length)
+
+
 @admin.register(Message)
 class MessageAdmin(admin.ModelAdmin):
     list_display = ["id", "conversation", "role", "status", "completion_tokens", "ttft_ms", "created_at"]
     list_filter = ["status", "role", "model"]
     date_hierarchy = "created_at"
     raw_id_fields = ["conversation"]
+    change_list_template = "admin/generation/message/change_list.html"
+    actions = ["force_stop"]
+
+    @admin.action(description="Force stop", permissions=["change"])
+    def force_stop(self, request: HttpRequest, queryset: QuerySet[Message]) -> None:
+        streaming = queryset.filter(status=Message.Status.STREAMING, stream_id__isnull=False)
+        stopped = sum(services.message_stop(message=message) for message in streaming)
+        self.message_user(request, f"Asked {stopped} streaming answer(s) to stop.", messages.SUCCESS)
+
+    def get_urls(self) -> list[URLPattern]:
+        info = f"{self.opts.app_label}_{self.opts.model_name}"
+        live = [
+            path("live/", self.admin_site.admin_view(require_GET(self.live_view)), name=f"{info}_live"),
+            path(
+                "live/stop/",
+                self.admin_site.admin_view(require_POST(self.force_stop_view)),
+                name=f"{info}_force_stop",
+            ),
+        ]
+        # Before the defaults: their "<path:object_id>/" would take "live/".
+        return [*live, *super().get_urls()]
+
+    def live_view(self, request: HttpRequest) -> HttpResponse:
+        """The generations running or waiting now, and this process's engines."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        store = runtime.stream_store()
+        records = list(
+            UsageRecord.objects.filter(status=STREAMING).select_related("user", "api_key").order_by("created_at")
+        )
+        alive = {producer: store.producer_alive(producer) for producer in {r.producer for r in records if r.producer}}
+        rows = [{"record": record, "producer_alive": alive.get(record.producer)} for record in records]
+        engines = [
+            {
+                "model": name,
+                "ready": engine.ready,
+                "active": engine.active,
+                "queued": engine.queued,
+                "max_concurrent": engine.max_concurrent,
+            }
+            for name, engine in sorted(runtime.engines().items())
+        ]
+        context: dict[str, Any] = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": "Live generations",
+            "rows": rows,
+            "engines": engines,
+            "producer": runtime.PRODUCER,
+            "can_stop": self.has_change_permission(request),
+        }
+        return TemplateResponse(request, "admin/generation/message/live.html", context)
+
+    def force_stop_view(self, request: HttpRequest) -> HttpResponse:
+        """Set a stream's cancel flag; its producer stops within one decoding step."""
+        if not self.has_change_permission(request):
+            raise PermissionDenied
+        form = ForceStopForm(request.POST)
+        if not form.is_valid():
+            self.message_user(request, "No stream to stop was given.", messages.ERROR)
+        elif runtime.stream_store().cancel(stream_id := form.cleaned_data["stream_id"]):
+            self.message_user(request, f"Asked stream {stream_id} to stop.", messages.SUCCESS)
+        else:
+            self.message_user(
+                request,
+                f"Stream {stream_id} is not in the stream store: it has ended, or its process is gone "
+                "(answers of stopped processes are marked interrupted when a server starts).",
+                messages.WARNING,
+            )
+        return redirect(f"admin:{self.opts.app_label}_{self.opts.model_name}_live")
