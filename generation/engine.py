@@ -34,6 +34,14 @@ class GenerationResult:
     duration_s: float = 0.0
     error: str = ""
 
+    @property
+    def ttft_ms(self) -> int | None:
+        return None if self.ttft_s is None else round(self.ttft_s * 1000)
+
+    @property
+    def duration_ms(self) -> int:
+        return round(self.duration_s * 1000)
+
     def summary(self) -> dict[str, Any]:
         """The `done` event's data."""
         decode_s = self.duration_s - (self.ttft_s or 0.0)

@@ -96,8 +96,8 @@ def generation_start(
             finish_reason=result.finish_reason,
             prompt_tokens=result.prompt_tokens,
             completion_tokens=result.completion_tokens,
-            ttft_ms=None if result.ttft_s is None else round(result.ttft_s * 1000),
-            duration_ms=round(result.duration_s * 1000),
+            ttft_ms=result.ttft_ms,
+            duration_ms=result.duration_ms,
         )
         if on_finish:
             on_finish(result)
@@ -170,8 +170,8 @@ def message_finish(message_id: int, result: GenerationResult) -> None:
         finish_reason=result.finish_reason,
         prompt_tokens=result.prompt_tokens,
         completion_tokens=result.completion_tokens,
-        ttft_ms=None if result.ttft_s is None else round(result.ttft_s * 1000),
-        duration_ms=round(result.duration_s * 1000),
+        ttft_ms=result.ttft_ms,
+        duration_ms=result.duration_ms,
         error=result.error,
     )
 
