@@ -103,7 +103,8 @@ def usage_admit(
     if requested_max_tokens is not None and requested_max_tokens > limits.max_tokens_per_request:
         raise InvalidRequest(f"max_tokens is at most {limits.max_tokens_per_request} on your plan.", param="max_tokens")
     now = timezone.now()
-    if _count_request(user, now) > limits.requests_per_minute:
+    requests = _count_request(user, now)
+    if requests > limits.requests_per_minute:
         raise QuotaExceeded(
             "rate_limit_exceeded",
             f"Rate limit reached: {limits.requests_per_minute} requests per minute.",
@@ -127,6 +128,7 @@ def usage_admit(
                 retry_after=_seconds_to_midnight(now),
             )
         granted = min(requested_max_tokens or limits.max_tokens_per_request, limits.max_tokens_per_request, remaining)
+        used_before = limits.tokens_per_day - remaining
         record = UsageRecord.objects.create(
             user=user,
             api_key=api_key,
@@ -137,7 +139,14 @@ def usage_admit(
             reserved_tokens=granted,
             created_at=now,
         )
-    return record, granted, quota_for(user, limits=limits)
+    quota = Quota(
+        limits=limits,
+        requests_remaining=limits.requests_per_minute - requests,
+        tokens_used_today=used_before + granted,
+        requests_reset_s=60 - now.second,
+        tokens_reset_s=_seconds_to_midnight(now),
+    )
+    return record, granted, quota
 
 
 def usage_finish(

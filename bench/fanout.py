@@ -1,6 +1,6 @@
 """SSE fan-out: many concurrent chat streams against a bare Channels consumer.
 
-    .venv/bin/python -m bench.fanout [--clients 1000] [--rate 20] [--tokens 300]
+    .venv/bin/python -m bench.fanout [--clients 1000] [--streams 50] [--rate 20] [--tokens 300]
 
 One run, same machine, two phases one after the other:
 
@@ -9,10 +9,12 @@ One run, same machine, two phases one after the other:
    delivered events/s in aggregate (events ÷ first connect → last event), p50/p99 of
    the gaps between consecutive events of a stream, and daphne's peak RSS (VmHWM).
 2. chatsite: a LiveSite with the synthetic model at `--rate` words/s. One user,
-   `--clients` conversations with max_tokens=`--tokens`; each gets a prompt posted the
-   way the HTMX form does, then its `sse-connect` stream is read to its `done` event.
-   Measures delivered tokens/s (words in all deltas ÷ first stream's first event → last
-   `done`), events/s, gaps, peak RSS, and checks that each stream got all its text in
+   `--streams` conversations with max_tokens=`--tokens`; each gets a prompt posted the
+   way the HTMX form does, then `--clients` readers, spread evenly over those streams
+   (fan-out: several readers per generation, as tabs, devices and API resumers are),
+   read their `sse-connect` stream to its `done` event. Measures delivered tokens/s
+   (words that arrived live in all readers' deltas ÷ first reader's first event → last
+   `done`), events/s, gaps, peak RSS, and checks that each reader got all its text in
    order: exactly `--tokens` words, the synthetic model's words in order, strictly
    increasing `id:`s, and the saved Message is `complete` with that same text.
 
@@ -123,7 +125,10 @@ class Response:
 
 @dataclass
 class Counters:
+    """Client-side trouble of one phase."""
+
     retries: int = 0
+    timed_out: int = 0  # streams still open when the phase's timeout struck
     retry_errors: dict[str, int] = field(default_factory=dict)
 
 
@@ -158,6 +163,7 @@ async def http_request(
             counters.retry_errors[name] = counters.retry_errors.get(name, 0) + 1
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
+    assert writer is not None  # the loop either broke out connected or raised
     status_line, *header_lines = head.decode("latin-1").split("\r\n")
     parsed = {}
     for line in header_lines:
@@ -182,10 +188,12 @@ class StreamResult:
     ended: bool = False  # the body ended (bare) or the `done` event came (chatsite)
     pieces: list[str] = field(default_factory=list)
     gaps: list[float] = field(default_factory=list)
+    marks: list[tuple[float, int]] = field(default_factory=list)  # (arrival, tokens carried) per event
     setup_s: float | None = None  # POST (chatsite) or connect + response head (bare)
     error: str | None = None
 
-    def saw_event(self, now: float, seq: int | None) -> None:
+    def saw_event(self, now: float, seq: int | None, tokens: int = 1) -> None:
+        self.marks.append((now, tokens))
         if self.last_at is None:
             self.first_at = now
         else:
@@ -243,21 +251,24 @@ async def read_events(response: Response, on_blocks: Callable[[float, list[bytes
         response.close()
 
 
-async def run_all(tasks: Iterable[Awaitable[None]], timeout: float) -> tuple[float, bool]:  # (seconds taken, timed out)
-    """Run the client tasks; cancel what is left after `timeout` so the bench always ends."""
-    started = time.perf_counter()
+async def run_all(tasks: Iterable[Awaitable[None]], timeout: float) -> int:
+    """Run the client tasks; cancel what is left after `timeout` so the bench always ends.
+
+    Returns how many were cancelled.
+    """
     running = [asyncio.ensure_future(task) for task in tasks]
     _, pending = await asyncio.wait(running, timeout=timeout)
     for task in pending:
         task.cancel()
     await asyncio.gather(*pending, return_exceptions=True)
-    return time.perf_counter() - started, bool(pending)
+    return len(pending)
 
 
 # --- phase 1: the bare consumer ------------------------------------------------------
 
 
 async def bare_clients(port: int, args: argparse.Namespace, counters: Counters) -> tuple[list[StreamResult], float]:
+    """Open all streams (`--ramp-concurrency` handshakes at a time) and read them to the end."""
     path = "/sse/?" + urlencode({"n": args.tokens, "interval": 1 / args.rate})
     results = [StreamResult() for _ in range(args.clients)]
     opening = asyncio.Semaphore(args.ramp_concurrency)
@@ -286,7 +297,7 @@ async def bare_clients(port: int, args: argparse.Namespace, counters: Counters) 
             result.error = f"{type(error).__name__}: {error}"
 
     first_connect = time.perf_counter()
-    await run_all((client(result) for result in results), args.timeout)
+    counters.timed_out = await run_all((client(result) for result in results), args.timeout)
     return results, first_connect
 
 
@@ -305,6 +316,7 @@ def run_bare(args: argparse.Namespace) -> dict[str, Any]:
     try:
         wait_listening(process, port, Path(log.name))
         counters = Counters()
+        load = os.getloadavg()  # others' work on this machine skews every figure
         cpu_before = process_cpu_s(process.pid)
         bench_cpu_before = time.process_time()
         results, started = asyncio.run(bare_clients(port, args, counters))
@@ -313,6 +325,7 @@ def run_bare(args: argparse.Namespace) -> dict[str, Any]:
         figures["bench_cpu_s"] = time.process_time() - bench_cpu_before
         figures.update(memory(process.pid))
         figures["complete"] = sum(r.done for r in results)
+        figures["loadavg_before"] = load
         return figures
     finally:
         stop(process)
@@ -346,7 +359,9 @@ STREAM_URL = re.compile(rb'sse-connect="([^"]+)"')
 async def chat_clients(
     port: int, conversation_ids: list[str], cookies: dict[str, str], args: argparse.Namespace, counters: Counters
 ) -> list[StreamResult]:
-    results = [StreamResult() for _ in conversation_ids]
+    """Post a prompt to each conversation (`--ramp-concurrency` at a time), then have
+    `--clients` readers, spread evenly over those streams, read them to `done`."""
+    results = [StreamResult() for _ in range(args.clients)]
     posting = asyncio.Semaphore(args.ramp_concurrency)
     cookie = "; ".join(f"{name}={value}" for name, value in cookies.items())
     form = urlencode({"prompt": PROMPT}).encode()
@@ -357,16 +372,27 @@ async def chat_clients(
         "Content-Type": "application/x-www-form-urlencoded",
     }
 
-    async def client(conversation_id: str, result: StreamResult) -> None:
+    async def start(conversation_id: str) -> str:
+        async with posting:
+            response = await http_request(port, "POST", f"/chat/{conversation_id}/", counters, post_headers, form)
+            html = await response.body()
+        found = STREAM_URL.search(html)
+        if response.status != 200 or not found:
+            raise RuntimeError(f"POST answered {response.status}: {html[:200]!r}")
+        return found.group(1).decode()
+
+    async def client(stream_url: str, result: StreamResult) -> None:
         def on_blocks(now: float, blocks: list[bytes]) -> bool:
             for block in blocks:
                 kind, seq, data = parse_block(block)
                 if not data:
                     continue  # a heartbeat comment
-                result.saw_event(now, seq)
                 if kind == b"token":
-                    result.pieces.append(json.loads(data[0])["delta"])
+                    delta = json.loads(data[0])["delta"]
+                    result.pieces.append(delta)
+                    result.saw_event(now, seq, len(delta.split()))
                 elif kind == b"done":
+                    result.saw_event(now, seq, 0)
                     result.ended = True
                     return True
                 else:
@@ -375,20 +401,12 @@ async def chat_clients(
             return False
 
         try:
-            async with posting:
-                result.opened_at = time.perf_counter()
-                response = await http_request(port, "POST", f"/chat/{conversation_id}/", counters, post_headers, form)
-                html = await response.body()
-                result.setup_s = time.perf_counter() - result.opened_at
-            found = STREAM_URL.search(html)
-            if response.status != 200 or not found:
-                result.error = f"POST answered {response.status}: {html[:200]!r}"
-                return
-            stream_url = found.group(1).decode()
+            result.opened_at = time.perf_counter()
             result.stream_id = stream_url.rstrip("/").rsplit("/", 1)[-1]
             stream = await http_request(
                 port, "GET", stream_url, counters, {"Cookie": cookie, "Accept": "text/event-stream"}
             )
+            result.setup_s = time.perf_counter() - result.opened_at
             if stream.status != 200:
                 result.error = f"stream answered {stream.status}"
                 stream.close()
@@ -397,9 +415,9 @@ async def chat_clients(
         except Exception as error:
             result.error = f"{type(error).__name__}: {error}"
 
-    await run_all(
-        (client(conversation_id, result) for conversation_id, result in zip(conversation_ids, results, strict=True)),
-        args.timeout,
+    stream_urls = await asyncio.gather(*(start(conversation_id) for conversation_id in conversation_ids))
+    counters.timed_out = await run_all(
+        (client(stream_urls[n % len(stream_urls)], result) for n, result in enumerate(results)), args.timeout
     )
     return results
 
@@ -409,8 +427,8 @@ def run_chatsite(args: argparse.Namespace) -> dict[str, Any]:
         "CHAT_ENABLE_SYNTHETIC": "1",
         "CHAT_MODEL": "synthetic",
         "CHAT_SYNTHETIC_TOKENS_PER_S": str(args.rate),
-        "GENERATION_MAX_CONCURRENT": str(args.clients + 24),
-        "GENERATION_MAX_QUEUE": str(args.clients * 2),
+        "GENERATION_MAX_CONCURRENT": str(args.streams + 24),
+        "GENERATION_MAX_QUEUE": str(args.streams * 2),
     }
     with LiveSite(env=env) as site:
         assert site.process is not None
@@ -432,12 +450,14 @@ def run_chatsite(args: argparse.Namespace) -> dict[str, Any]:
         client.signup("fanout")
         cookies = {name: client.http.cookies[name] for name in ("sessionid", "csrftoken")}
         user = get_user_model().objects.get(username="fanout")
+        lift_limits(user, args)
         conversations = Conversation.objects.bulk_create(
-            Conversation(user=user, model="synthetic", max_tokens=args.tokens) for _ in range(args.clients)
+            Conversation(user=user, model="synthetic", max_tokens=args.tokens) for _ in range(args.streams)
         )
         connections.close_all()  # no open SQLite connection in this process while the site writes
 
         counters = Counters()
+        load = os.getloadavg()
         cpu_before = process_cpu_s(site.process.pid)
         bench_cpu_before = time.process_time()
         results = asyncio.run(chat_clients(site.port, [str(c.id) for c in conversations], cookies, args, counters))
@@ -475,7 +495,10 @@ def run_chatsite(args: argparse.Namespace) -> dict[str, Any]:
     figures = summarize(results, min(starts) if starts else time.perf_counter(), counters, args)
     words = sum(len(r.text.split()) for r in results)
     figures["tokens"] = words
-    figures["tokens_per_s"] = words / figures["wall_s"] if figures["wall_s"] else 0.0
+    # A reader that connects after its stream began gets the backlog in its first event
+    # at once: count only the words that came live, after each reader's first event.
+    live_words = sum(len(r.text.split()) - len(r.pieces[0].split()) for r in results if r.pieces)
+    figures["tokens_per_s"] = live_words / figures["wall_s"] if figures["wall_s"] else 0.0
     # Every ended stream's last event is its `done`; the rest carry the tokens.
     ended = [r for r in results if r.ended]
     figures["tokens_per_event"] = sum(len(r.text.split()) for r in ended) / max(1, sum(r.events - 1 for r in ended))
@@ -493,9 +516,22 @@ def run_chatsite(args: argparse.Namespace) -> dict[str, Any]:
         server_cpu_s=server_cpu_s,
         bench_cpu_s=bench_cpu_s,
         server_log_tracebacks=errors_logged,
+        loadavg_before=load,
         **rss,
     )
     return figures
+
+
+def lift_limits(user: Any, args: argparse.Namespace) -> None:
+    """Let the one bench user run every stream at once: the plan's limits are per user."""
+    from accounts.services import account_for
+
+    account = account_for(user)
+    account.requests_per_minute = args.clients * 10
+    account.max_concurrent_streams = args.clients * 2
+    account.max_tokens_per_request = max(args.tokens, 1024)
+    account.tokens_per_day = 2_000_000_000
+    account.save()
 
 
 # --- figures -------------------------------------------------------------------------
@@ -519,8 +555,17 @@ def summarize(
     setups = [r.setup_s for r in results if r.setup_s is not None]
     firsts = [r.first_at for r in results if r.first_at is not None]
     errors = [r.error for r in results if r.error]
+    # Steady state: from the moment every reader is receiving until the first one ends,
+    # so that connection set-up (ramp) and wind-down don't dilute the delivery rate.
+    steady_from, steady_to = (max(firsts), min(lasts)) if firsts and lasts else (0.0, 0.0)
+    steady_tokens = sum(n for r in results for at, n in r.marks if steady_from <= at <= steady_to)
+    steady_events = sum(1 for r in results for at, n in r.marks if steady_from <= at <= steady_to and n)
+    steady_s = steady_to - steady_from
     return {
         "streams": len(results),
+        "steady_s": steady_s,
+        "steady_tokens_per_s": steady_tokens / steady_s if steady_s > 0 else None,
+        "steady_events_per_s": steady_events / steady_s if steady_s > 0 else None,
         "events": events,
         "wall_s": wall,
         "events_per_s": events / wall if wall else 0.0,
@@ -529,13 +574,23 @@ def summarize(
         "gap_p99_ms": percentile(gaps, 0.99) * 1000,
         "gap_max_ms": max(gaps, default=float("nan")) * 1000,
         "ramp_s": (max(firsts) - started) if firsts else None,  # until the last stream's first event
+        "peak_concurrent_streams": peak_overlap(
+            (r.first_at, r.last_at) for r in results if r.first_at is not None and r.last_at is not None
+        ),
         "setup_p50_ms": percentile(setups, 0.50) * 1000,
         "setup_max_ms": max(setups, default=float("nan")) * 1000,
         "connect_retries": counters.retries,
+        "timed_out_streams": counters.timed_out,
         "connect_retry_errors": counters.retry_errors,
         "errors": len(errors),
         "first_errors": errors[:5],
     }
+
+
+def peak_overlap(spans: Iterable[tuple[float, float]]) -> int:
+    """The most streams that were delivering events at the same moment."""
+    edges = sorted(edge for start, end in spans for edge in ((start, 1), (end, -1)))
+    return max(itertools.accumulate(step for _, step in edges), default=0)
 
 
 def process_cpu_s(pid: int) -> float:
@@ -595,12 +650,17 @@ def print_table(bare: dict[str, Any], chat: dict[str, Any], targets: dict[str, b
     rows = [
         ("streams complete (all text, in order)", f"{bare['complete']}/{bare['streams']}",
          f"{chat['complete']}/{chat['streams']}", "all"),
-        ("tokens/s delivered (words in deltas)", "-", number(chat["tokens_per_s"]),
-         f">= {number(THROUGHPUT_TARGET * bare['events_per_s'])}"),
+        ("steady state: s (all readers on, none done)", number(bare["steady_s"], 2), number(chat["steady_s"], 2), ""),
+        ("steady state: tokens/s delivered", number(bare["steady_tokens_per_s"]), number(chat["steady_tokens_per_s"]),
+         f">= {number(THROUGHPUT_TARGET * (bare['steady_events_per_s'] or 0))}"),
+        ("steady state: SSE events/s", number(bare["steady_events_per_s"]), number(chat["steady_events_per_s"]), ""),
+        ("whole window: tokens/s delivered (live)", "-", number(chat["tokens_per_s"]), ""),
         ("SSE events/s delivered", number(bare["events_per_s"]), number(chat["events_per_s"]), ""),
         ("ideal events/s (clients x rate)", number(bare["ideal_events_per_s"]), number(chat["ideal_events_per_s"]), ""),
         ("wall s (window of the rate figures)", number(bare["wall_s"], 2), number(chat["wall_s"], 2), ""),
         ("ramp s (until last stream's 1st event)", number(bare["ramp_s"], 2), number(chat["ramp_s"], 2), ""),
+        ("peak concurrent streams", number(bare["peak_concurrent_streams"]), number(chat["peak_concurrent_streams"]),
+         ""),
         ("per-stream tokens/s (median)", "-", number(chat["per_stream_tokens_per_s_median"]), f"rate {args.rate:g}"),
         ("tokens per token event", "-", number(chat["tokens_per_event"], 2), ""),
         ("gap p50 ms", number(bare["gap_p50_ms"]), number(chat["gap_p50_ms"]), ""),
@@ -610,6 +670,7 @@ def print_table(bare: dict[str, Any], chat: dict[str, Any], targets: dict[str, b
         ("connect / POST max ms", number(bare["setup_max_ms"]), number(chat["setup_max_ms"]), ""),
         ("connect retries", number(bare["connect_retries"]), number(chat["connect_retries"]), ""),
         ("client errors", number(bare["errors"]), number(chat["errors"]), ""),
+        ("streams cut by --timeout", number(bare["timed_out_streams"]), number(chat["timed_out_streams"]), ""),
         ("server peak RSS MB (VmHWM)", number(bare["peak_rss_mb"]), number(chat["peak_rss_mb"]),
          f"<= {RSS_TARGET_MB:.0f}"),
         ("server threads at end", number(bare["threads"]), number(chat["threads"]), ""),
@@ -626,9 +687,10 @@ def print_table(bare: dict[str, Any], chat: dict[str, Any], targets: dict[str, b
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--clients", type=int, default=1000)
+    parser.add_argument("--clients", type=int, default=1000, help="concurrent SSE readers")
+    parser.add_argument("--streams", type=int, default=50, help="generations the readers share (fan-out)")
     parser.add_argument("--rate", type=float, default=20.0, help="tokens (events) per second per stream")
-    parser.add_argument("--tokens", type=int, default=300, help="tokens (events) per stream")
+    parser.add_argument("--tokens", type=int, default=600, help="tokens (events) per stream")
     parser.add_argument("--ramp-concurrency", type=int, default=32, help="connects / POSTs in flight at once")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds each phase's clients may take")
     args = parser.parse_args()
@@ -643,8 +705,8 @@ def main() -> None:
     targets = {
         "every chatsite stream complete and in order": chat["complete"] == args.clients,
         f"chatsite peak RSS <= {RSS_TARGET_MB:.0f} MB": chat["peak_rss_mb"] <= RSS_TARGET_MB,
-        f"chatsite tokens/s >= {THROUGHPUT_TARGET} x bare events/s": chat["tokens_per_s"]
-        >= THROUGHPUT_TARGET * bare["events_per_s"],
+        f"chatsite tokens/s >= {THROUGHPUT_TARGET} x bare events/s (steady state)": (chat["steady_tokens_per_s"] or 0)
+        >= THROUGHPUT_TARGET * (bare["steady_events_per_s"] or float("inf")),
     }
     result = {
         "command": shlex.join(["python", "-m", "bench.fanout", *sys.argv[1:]]),
@@ -653,20 +715,22 @@ def main() -> None:
         "cpu_count": os.cpu_count(),
         "bare": bare,
         "chatsite": chat,
-        "throughput_ratio": chat["tokens_per_s"] / bare["events_per_s"] if bare["events_per_s"] else None,
+        "throughput_ratio": (chat["steady_tokens_per_s"] or 0) / bare["steady_events_per_s"]
+        if bare["steady_events_per_s"]
+        else None,
+        "whole_window_ratio": chat["tokens_per_s"] / bare["events_per_s"] if bare["events_per_s"] else None,
         "targets": targets,
         "all_targets_met": all(targets.values()),
     }
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
     print_table(bare, chat, targets, args)
-    print(f"throughput ratio chatsite tokens/s ÷ bare events/s: {number_or_dash(result['throughput_ratio'])}")
+    ratio = result["throughput_ratio"]
+    print(f"steady-state ratio chatsite tokens/s ÷ bare events/s: {'-' if ratio is None else f'{ratio:.3f}'}")
+    whole = result["whole_window_ratio"]
+    print(f"whole-window ratio (includes connection ramp): {'-' if whole is None else f'{whole:.3f}'}")
     print(f"results written to {RESULTS.relative_to(ROOT)}")
     sys.exit(0 if result["all_targets_met"] else 1)
-
-
-def number_or_dash(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
 
 
 if __name__ == "__main__":
