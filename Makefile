@@ -33,8 +33,14 @@ lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy accounts chatsite generation
 
+# Each writes bench/results/NAME.json; docs/benchmarks.md explains them. Needs Redis for
+# redis_latency (REDIS_URL, default 127.0.0.1:6379/0). About 10 minutes in all.
 bench: $(VENV)/.installed-dev
 	$(PY) -m bench.streaming
+	$(PY) -m bench.api
+	$(PY) -m bench.page
+	$(PY) -m bench.redis_latency
+	$(PY) -m bench.fanout
 
 clean:
 	rm -rf $(VENV) staticfiles .pytest_cache .mypy_cache .ruff_cache
