@@ -227,13 +227,22 @@ class Engine:
             if job is None:
                 self._jobs.put(None)
                 return
+            final = self._run(job)
+            # Counted as finished before readers can see the terminal event, so that
+            # whoever reacts to `done` (a test, a dashboard) sees consistent metrics.
+            with self._lock:
+                self.active -= 1
+                self.generated_tokens += final.completion_tokens
             try:
-                self._run(job)
-            finally:
-                with self._lock:
-                    self.active -= 1
+                if final.status == "error":
+                    self.store.append(job.stream_id, "error", {"message": final.error, **final.summary()})
+                else:
+                    self.store.append(job.stream_id, "done", final.summary())
+            except Exception:  # e.g. Redis unreachable: the worker must live on
+                logger.exception("Could not end stream %s", job.stream_id)
 
-    def _run(self, job: Job) -> None:
+    def _run(self, job: Job) -> GenerationResult:
+        """Generate, publishing tokens as they come, and save the result; never raises."""
         started = time.monotonic()
         pieces: list[str] = []
         first_token_at: float | None = None
@@ -290,14 +299,9 @@ class Engine:
         except Exception as error:
             logger.exception("Generation %s failed", job.stream_id)
             final = result(status="error", finish_reason="error", error=f"Generation failed: {error}")
-        with self._lock:
-            self.generated_tokens += final.completion_tokens
         if job.on_finish:
             _call_safely(job.on_finish, final)
-        if final.status == "error":
-            self.store.append(job.stream_id, "error", {"message": final.error, **final.summary()})
-        else:
-            self.store.append(job.stream_id, "done", final.summary())
+        return final
 
 
 def _call_safely(callback: Callable[[Any], None], argument: Any) -> None:
