@@ -1,8 +1,15 @@
 from __future__ import annotations
 
+from typing import Any
+
 from django import forms
+from django.core.validators import MaxValueValidator
+
+from generation import runtime
+from generation.models import Conversation
 
 MAX_PROMPT_CHARS = 32_000
+MAX_SYSTEM_PROMPT_CHARS = 4_000
 
 
 class PromptForm(forms.Form):
@@ -12,3 +19,66 @@ class PromptForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 3, "placeholder": "Ask anything", "autofocus": True}),
         error_messages={"required": "Type a message first."},
     )
+
+
+class ConversationRenameForm(forms.ModelForm):
+    title = forms.CharField(
+        label="Title",
+        max_length=200,
+        error_messages={
+            "required": "Give the conversation a title.",
+            "max_length": "A title is at most %(limit_value)d characters (it has %(show_value)d).",
+        },
+    )
+
+    class Meta:
+        model = Conversation
+        fields = ["title"]
+
+
+class ConversationSettingsForm(forms.ModelForm):
+    """The model and sampling settings of one conversation; max_tokens is capped by the plan."""
+
+    model = forms.ChoiceField(label="Model")
+    system_prompt = forms.CharField(
+        label="System prompt",
+        required=False,
+        max_length=MAX_SYSTEM_PROMPT_CHARS,
+        widget=forms.Textarea(attrs={"rows": 3, "placeholder": "How the assistant should behave (optional)"}),
+        error_messages={"max_length": "The system prompt is at most %(limit_value)d characters."},
+    )
+    temperature = forms.FloatField(
+        label="Temperature",
+        min_value=0,
+        max_value=2,
+        widget=forms.NumberInput(attrs={"step": "0.1"}),
+        help_text="0 is focused and repeatable, 2 is very random.",
+        error_messages={
+            "min_value": "Temperature is between 0 and 2.",
+            "max_value": "Temperature is between 0 and 2.",
+        },
+    )
+    max_tokens = forms.IntegerField(
+        label="Max tokens",
+        min_value=1,
+        error_messages={"min_value": "An answer needs at least 1 token."},
+    )
+
+    class Meta:
+        model = Conversation
+        fields = ["model", "system_prompt", "temperature", "max_tokens"]
+
+    def __init__(self, *args: Any, max_tokens_limit: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        model_field = self.fields["model"]
+        assert isinstance(model_field, forms.ChoiceField)
+        model_field.choices = [(name, name) for name in runtime.model_names()]
+        max_tokens = self.fields["max_tokens"]
+        assert isinstance(max_tokens, forms.IntegerField)
+        max_tokens.validators.append(
+            MaxValueValidator(
+                max_tokens_limit, message=f"Your plan allows at most {max_tokens_limit} tokens per answer."
+            )
+        )
+        max_tokens.widget.attrs["max"] = max_tokens_limit
+        max_tokens.help_text = f"1 to {max_tokens_limit} on your plan."

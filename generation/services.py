@@ -11,7 +11,8 @@ from functools import partial, wraps
 from typing import Any
 
 from django.contrib.auth.models import User
-from django.db import close_old_connections, transaction
+from django.db import close_old_connections
+from django.db.models import Q
 
 from accounts.models import ApiKey, UsageRecord
 from accounts.services import Quota, usage_admit, usage_finish
@@ -121,27 +122,91 @@ def message_send(*, conversation: Conversation, prompt: str, channel: str = "ui"
     """Save the prompt and a streaming answer, and start the answer's generation.
 
     A refusal (QuotaExceeded, EngineOverloaded, ...) removes both again and re-raises:
-    nothing was started. The rows are committed before the job is queued, so the engine
-    thread always finds the answer it saves into.
+    nothing was started.
+    """
+    history = _chat_history(conversation)
+    prompt_message = conversation.messages.create(role=Message.Role.USER, content=prompt)
+    try:
+        answer = _answer_start(conversation, [*history, {"role": "user", "content": prompt}], channel=channel)
+    except Exception:
+        prompt_message.delete()
+        raise
+    if not conversation.title:
+        conversation.title = " ".join(prompt.split())[:TITLE_LENGTH]
+        conversation.save(update_fields=["title", "updated_at"])
+    return prompt_message, answer
+
+
+class MessageNotLast(ValueError):
+    """Only the last prompt of a conversation, and its newest answer, can be redone."""
+
+
+def message_regenerate(*, answer: Message, channel: str = "ui") -> Message:
+    """Start a new answer to the prompt that `answer` answered; `answer` is kept.
+
+    Only the newest, finished answer to the conversation's last prompt can be
+    regenerated (MessageNotLast otherwise). Refusals are raised as by message_send,
+    and then nothing was saved.
+    """
+    conversation = answer.conversation
+    prompt, newest = _last_exchange(conversation)
+    if answer.role != Message.Role.ASSISTANT or prompt is None or newest is None or newest.pk != answer.pk:
+        raise MessageNotLast("Only the last answer can be regenerated.")
+    if answer.streaming:
+        raise MessageNotLast("This answer is still being written; stop it first.")
+    return _answer_start(conversation, _chat_history(conversation, through=prompt), channel=channel)
+
+
+def message_edit(*, prompt: Message, content: str, channel: str = "ui") -> Message:
+    """Replace the text of the last prompt and start a new answer to it.
+
+    Earlier answers stay in the database, as with message_regenerate. Raises
+    MessageNotLast for any other message; after a refusal the prompt keeps its text.
+    """
+    conversation = prompt.conversation
+    last_prompt, newest = _last_exchange(conversation)
+    if prompt.role != Message.Role.USER or last_prompt is None or last_prompt.pk != prompt.pk:
+        raise MessageNotLast("Only your last prompt can be edited.")
+    if newest is not None and newest.streaming:
+        raise MessageNotLast("The answer to this prompt is still being written; stop it first.")
+    history = _chat_history(conversation, through=prompt)
+    history[-1] = {"role": "user", "content": content}
+    answer = _answer_start(conversation, history, channel=channel)
+    prompt.content = content
+    prompt.save(update_fields=["content", "updated_at"])
+    return answer
+
+
+def _last_exchange(conversation: Conversation) -> tuple[Message | None, Message | None]:
+    """The conversation's last prompt and its newest answer (None where there is none)."""
+    prompt = conversation.messages.filter(role=Message.Role.USER).last()
+    if prompt is None:
+        return None, None
+    after = Q(created_at__gt=prompt.created_at) | Q(created_at=prompt.created_at, pk__gt=prompt.pk)
+    return prompt, conversation.messages.filter(after, role=Message.Role.ASSISTANT).last()
+
+
+def _answer_start(conversation: Conversation, history: list[dict[str, str]], *, channel: str) -> Message:
+    """Save a streaming answer and start its generation from `history`; on refusal, remove it.
+
+    The answer is committed before the job is queued, so the engine thread always finds
+    the row it saves into.
     """
     engine = runtime.engine(conversation.model)
-    history = _chat_history(conversation)
     stream_id = uuid.uuid4().hex
-    with transaction.atomic():
-        prompt_message = conversation.messages.create(role=Message.Role.USER, content=prompt)
-        answer = conversation.messages.create(
-            role=Message.Role.ASSISTANT,
-            status=Message.Status.STREAMING,
-            stream_id=stream_id,
-            model=conversation.model,
-            producer=engine.producer,
-        )
+    answer = conversation.messages.create(
+        role=Message.Role.ASSISTANT,
+        status=Message.Status.STREAMING,
+        stream_id=stream_id,
+        model=conversation.model,
+        producer=engine.producer,
+    )
     try:
         generation_start(
             user=conversation.user,
             channel=channel,
             model=conversation.model,
-            prompt=[*history, {"role": "user", "content": prompt}],
+            prompt=history,
             params=GenerationParams(max_tokens=conversation.max_tokens, temperature=conversation.temperature),
             requested_max_tokens=None,
             on_progress=partial(message_save_progress, answer.pk),
@@ -149,12 +214,10 @@ def message_send(*, conversation: Conversation, prompt: str, channel: str = "ui"
             stream_id=stream_id,
         )
     except Exception:
-        Message.objects.filter(pk__in=[prompt_message.pk, answer.pk]).delete()
+        answer.delete()
         raise
-    if not conversation.title:
-        conversation.title = " ".join(prompt.split())[:TITLE_LENGTH]
-    conversation.save(update_fields=["title", "updated_at"])
-    return prompt_message, answer
+    conversation.save(update_fields=["updated_at"])
+    return answer
 
 
 def message_save_progress(message_id: int, text: str) -> None:
@@ -229,9 +292,25 @@ def messages_settle_orphans() -> int:
     return settled
 
 
-def _chat_history(conversation: Conversation) -> list[dict[str, str]]:
+def _chat_history(conversation: Conversation, *, through: Message | None = None) -> list[dict[str, str]]:
+    """The conversation as the model sees it: each prompt with only its newest answer.
+
+    Earlier answers to a prompt (kept when it is regenerated or edited) are left out,
+    and so is everything after the prompt `through`, when given.
+    """
     history = [{"role": "system", "content": conversation.system_prompt}] if conversation.system_prompt else []
-    for role, content, status in conversation.messages.values_list("role", "content", "status"):
-        if role == Message.Role.USER or (status in _CONTEXT_STATUSES and content):
+    newest_answer: dict[str, str] | None = None
+    rows = conversation.messages.values_list("pk", "role", "content", "status")
+    for pk, role, content, status in rows:
+        if role == Message.Role.USER:
+            if newest_answer:
+                history.append(newest_answer)
+            newest_answer = None
             history.append({"role": role, "content": content})
+            if through is not None and pk == through.pk:
+                return history
+        else:
+            newest_answer = {"role": role, "content": content} if status in _CONTEXT_STATUSES and content else None
+    if newest_answer:
+        history.append(newest_answer)
     return history

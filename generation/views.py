@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
@@ -9,14 +10,15 @@ from django.contrib.auth.models import User
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.middleware import HtmxDetails
 
-from accounts.services import QuotaExceeded
+from accounts.services import QuotaExceeded, account_for, quota_for
 from generation import runtime, services
 from generation.engine import EngineOverloaded
-from generation.forms import PromptForm
+from generation.forms import ConversationRenameForm, ConversationSettingsForm, PromptForm
 from generation.metrics import render_metrics
 from generation.models import Conversation, Message
 
@@ -59,6 +61,137 @@ def message_stop(request: HtmxHttpRequest, message_id: int) -> HttpResponse:
     return redirect(message.conversation)
 
 
+@login_required
+@require_POST
+def conversation_rename(request: HtmxHttpRequest, conversation_id: UUID) -> HttpResponse:
+    found = get_object_or_404(Conversation, id=conversation_id, user=request.user)
+    form = ConversationRenameForm(request.POST, instance=found)
+    if form.is_valid():
+        form.save()
+        if not request.htmx:
+            return redirect(found)
+        return render(request, "generation/_renamed.html", _header_context(found))
+    if request.htmx:
+        context = {**_header_context(found), "rename_form": form}
+        return render(request, "generation/_conversation_header.html", context, status=422)
+    return _page(request, found, PromptForm(), {"rename_form": form}, status=400)
+
+
+@login_required
+@require_POST
+def conversation_delete(request: HtmxHttpRequest, conversation_id: UUID) -> HttpResponse:
+    """Delete a conversation with its messages; answers still streaming are stopped first."""
+    found = get_object_or_404(Conversation, id=conversation_id, user=request.user)
+    for answer in found.messages.filter(status=Message.Status.STREAMING):
+        services.message_stop(message=answer)
+    found.delete()
+    if request.htmx:
+        response = HttpResponse(status=204)
+        response["HX-Redirect"] = reverse("generation:chat")
+        return response
+    return redirect("generation:chat")
+
+
+@login_required
+@require_POST
+def conversation_settings(request: HtmxHttpRequest, conversation_id: UUID) -> HttpResponse:
+    """Save the model and sampling settings that the conversation's next answers use."""
+    found = get_object_or_404(Conversation, id=conversation_id, user=request.user)
+    form = _settings_form(request, found, data=request.POST)
+    if form.is_valid():
+        form.save()
+        if not request.htmx:
+            return redirect(found)
+        context = {"conversation": found, "settings_form": _settings_form(request, found), "settings_saved": True}
+        return render(request, "generation/_conversation_settings.html", context)
+    if request.htmx:
+        context = {"conversation": found, "settings_form": form}
+        return render(request, "generation/_conversation_settings.html", context, status=422)
+    return _page(request, found, PromptForm(), {"settings_form": form}, status=400)
+
+
+@login_required
+@require_POST
+def message_regenerate(request: HtmxHttpRequest, message_id: int) -> HttpResponse:
+    """A new answer to the last prompt, in place of its last answer (which is kept)."""
+    answer = get_object_or_404(Message, pk=message_id, conversation__user=request.user, role=Message.Role.ASSISTANT)
+    try:
+        new_answer = services.message_regenerate(answer=answer)
+    except services.MessageNotLast as error:
+        return _not_last(request, answer, str(error))
+    except (EngineOverloaded, QuotaExceeded) as refusal:
+        return _message_refused(request, answer, *_refusal_words(refusal))
+    if not request.htmx:
+        return redirect(answer.conversation)
+    context = {"messages": [new_answer], "quota": _quota_meter(request)}
+    return render(request, "generation/_answered.html", context)
+
+
+@login_required
+@require_POST
+def message_edit(request: HtmxHttpRequest, message_id: int) -> HttpResponse:
+    """Replace the text of the last prompt and answer it again; earlier answers are kept."""
+    prompt = get_object_or_404(Message, pk=message_id, conversation__user=request.user, role=Message.Role.USER)
+    form = PromptForm(request.POST)
+    if not form.is_valid():
+        error = " ".join(str(text) for text in form.errors.get("prompt", []))
+        return _message_refused(
+            request, prompt, error, status=422 if request.htmx else 400, edited=form.data.get("prompt", "")
+        )
+    text = form.cleaned_data["prompt"]
+    try:
+        answer = services.message_edit(prompt=prompt, content=text)
+    except services.MessageNotLast as error:
+        return _not_last(request, prompt, str(error))
+    except (EngineOverloaded, QuotaExceeded) as refusal:
+        return _message_refused(request, prompt, *_refusal_words(refusal), edited=text)
+    if not request.htmx:
+        return redirect(prompt.conversation)
+    earlier = prompt.conversation.messages.filter(role=Message.Role.ASSISTANT, created_at__gte=prompt.created_at)
+    context = {
+        "messages": [prompt, answer],
+        "replaced": earlier.exclude(pk=answer.pk).last(),
+        "quota": _quota_meter(request),
+    }
+    return render(request, "generation/_answered.html", context)
+
+
+def _message_refused(
+    request: HtmxHttpRequest,
+    message: Message,
+    error: str,
+    status: int,
+    retry_after: int | None = None,
+    *,
+    edited: str | None = None,
+) -> HttpResponse:
+    """Show why a Regenerate or Edit did nothing, next to that message's controls."""
+    context: dict[str, Any] = {"action_for": message.pk, "action_error": error}
+    if edited is not None:
+        context["edited"] = edited
+    if request.htmx:
+        response = render(request, "generation/_message.html", {"message": message, **context}, status=status)
+    else:
+        response = _page(request, message.conversation, PromptForm(), context, status=status)
+    if retry_after is not None:
+        response["Retry-After"] = str(retry_after)
+    return response
+
+
+def _not_last(request: HtmxHttpRequest, message: Message, error: str) -> HttpResponse:
+    """A Regenerate or Edit of a message that is no longer the last (the page offers neither)."""
+    if request.htmx:
+        return HttpResponse(error, status=400, content_type="text/plain; charset=utf-8")
+    return _page(request, message.conversation, PromptForm(), {"page_error": error}, status=400)
+
+
+def _refusal_words(refusal: EngineOverloaded | QuotaExceeded) -> tuple[str, int, int]:
+    """Why an answer could not start, its status code and Retry-After."""
+    if isinstance(refusal, QuotaExceeded):
+        return f"{refusal.message} Try again in {_duration(refusal.retry_after)}.", 429, refusal.retry_after
+    return "The server is busy right now. Try again in a moment.", 503, RETRY_AFTER_S
+
+
 def _send(request: HtmxHttpRequest, conversation: Conversation | None) -> HttpResponse:
     form = PromptForm(request.POST)
     if not form.is_valid():
@@ -75,7 +208,16 @@ def _send(request: HtmxHttpRequest, conversation: Conversation | None) -> HttpRe
         return _refuse_generation(request, conversation, form, refusal)
     if not request.htmx:
         return redirect(conversation)
-    context = {"conversation": conversation, "messages": [prompt, answer], "form": PromptForm(), "is_new": is_new}
+    context = {
+        "conversation": conversation,
+        "messages": [prompt, answer],
+        "form": PromptForm(),
+        "is_new": is_new,
+        "quota": _quota_meter(request),
+    }
+    if is_new:
+        context |= _header_context(conversation)
+        context["settings_form"] = _settings_form(request, conversation)
     response = render(request, "generation/_sent.html", context)
     if is_new:
         response["HX-Push-Url"] = conversation.get_absolute_url()
@@ -89,12 +231,8 @@ def _refuse_generation(
     refusal: EngineOverloaded | QuotaExceeded,
 ) -> HttpResponse:
     """Say in words why the answer could not start; the prompt stays in the box."""
-    if isinstance(refusal, QuotaExceeded):
-        form.add_error(None, f"{refusal.message} Try again in {_duration(refusal.retry_after)}.")
-        status, retry_after = 429, refusal.retry_after
-    else:
-        form.add_error(None, "The server is busy right now. Try again in a moment.")
-        status, retry_after = 503, RETRY_AFTER_S
+    words, status, retry_after = _refusal_words(refusal)
+    form.add_error(None, words)
     response = _refuse(request, conversation, form, status=status)
     response["Retry-After"] = str(retry_after)
     return response
@@ -112,24 +250,69 @@ def _refuse(
     request: HtmxHttpRequest, conversation: Conversation | None, form: PromptForm, *, status: int
 ) -> HttpResponse:
     if request.htmx:
-        response = render(request, "generation/_composer.html", {"conversation": conversation, "form": form})
+        context = {"conversation": conversation, "form": form, "quota": _quota_meter(request)}
+        response = render(request, "generation/_refused.html", context)
         response["HX-Retarget"] = "#composer"
         response["HX-Reswap"] = "outerHTML"
         response.status_code = status
         return response
-    response = _page(request, conversation, form)
-    response.status_code = status
-    return response
+    return _page(request, conversation, form, status=status)
 
 
-def _page(request: HtmxHttpRequest, conversation: Conversation | None, form: PromptForm) -> HttpResponse:
+def _page(
+    request: HtmxHttpRequest,
+    conversation: Conversation | None,
+    form: PromptForm,
+    extra: dict[str, Any] | None = None,
+    *,
+    status: int = 200,
+) -> HttpResponse:
     context: dict[str, Any] = {
         "conversation": conversation,
         "conversations": request.user.conversations.only("id", "title", "updated_at")[:100],
-        "messages": conversation.messages.all() if conversation else [],
+        "thread": _thread(conversation) if conversation else [],
         "form": form,
+        "quota": _quota_meter(request),
     }
-    return render(request, "generation/chat.html", context)
+    if conversation:
+        context |= _header_context(conversation)
+        context["settings_form"] = _settings_form(request, conversation)
+    return render(request, "generation/chat.html", context | (extra or {}), status=status)
+
+
+def _thread(conversation: Conversation) -> list[tuple[Message, bool]]:
+    """The messages shown, each prompt with its newest answer only, and whether a later prompt follows each.
+
+    Only the last prompt can be edited and only its answer regenerated.
+    """
+    shown: list[Message] = []
+    for message in conversation.messages.all():
+        if message.role == Message.Role.ASSISTANT and shown and shown[-1].role == Message.Role.ASSISTANT:
+            shown[-1] = message  # a newer answer to the same prompt
+        else:
+            shown.append(message)
+    last_prompt = max((i for i, message in enumerate(shown) if message.role == Message.Role.USER), default=-1)
+    return [(message, i < last_prompt) for i, message in enumerate(shown)]
+
+
+def _header_context(conversation: Conversation) -> dict[str, Any]:
+    return {"conversation": conversation, "rename_form": ConversationRenameForm(instance=conversation)}
+
+
+def _settings_form(request: HtmxHttpRequest, conversation: Conversation, data: Any = None) -> ConversationSettingsForm:
+    limit = account_for(request.user).limits.max_tokens_per_request
+    return ConversationSettingsForm(data, instance=conversation, max_tokens_limit=limit)
+
+
+@dataclass(frozen=True)
+class QuotaMeter:
+    requests_left: int
+    tokens_left: int
+
+
+def _quota_meter(request: HtmxHttpRequest) -> QuotaMeter:
+    quota = quota_for(request.user)
+    return QuotaMeter(requests_left=max(0, quota.requests_remaining), tokens_left=quota.tokens_remaining)
 
 
 @require_GET

@@ -28,6 +28,38 @@
     return new EventSource(resumeUrl, { withCredentials: true });
   };
 
+  // A Copy button on each code block of a rendered answer; added here, not in the
+  // server's HTML, so that without JavaScript there is no button that does nothing.
+  function addCopyButtons(root) {
+    root.querySelectorAll(".markdown pre > code").forEach(function (code) {
+      var pre = code.parentElement;
+      if (pre.parentElement.classList.contains("code-block")) return; // already done
+      var button = document.createElement("button");
+      button.type = "button";
+      button.className = "secondary copy-code";
+      button.textContent = "Copy";
+      button.setAttribute("aria-label", "Copy code");
+      var block = document.createElement("div");
+      block.className = "code-block";
+      pre.replaceWith(block);
+      block.append(button, pre);
+    });
+  }
+
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest && event.target.closest(".copy-code");
+    if (!button) return;
+    var code = button.parentElement.querySelector("code");
+    var selectCode = function () { window.getSelection().selectAllChildren(code); }; // to copy by hand
+    if (!navigator.clipboard) return selectCode(); // plain http: no Clipboard API
+    navigator.clipboard.writeText(code.textContent).then(function () {
+      button.textContent = "Copied";
+      setTimeout(function () { button.textContent = "Copy"; }, 1500);
+    }, selectCode);
+  });
+
+  htmx.onLoad(addCopyButtons); // the page, then each swapped-in fragment (e.g. a finished answer)
+
   // Enter sends, Shift+Enter makes a new line.
   document.addEventListener("keydown", function (event) {
     var field = event.target;
