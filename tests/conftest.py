@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -143,3 +144,15 @@ def browser():
         )
         yield browser
         browser.close()
+
+
+def sign_up(page, username: str) -> None:
+    """Sign up through the real page, as a person would; it lands on /chat/."""
+    from playwright.sync_api import expect
+
+    page.goto("/accounts/signup/")
+    page.fill("[name=username]", username)
+    page.fill("[name=password1]", PASSWORD)
+    page.fill("[name=password2]", PASSWORD)
+    page.get_by_role("button", name="Sign up").click()
+    expect(page).to_have_url(re.compile(r"/chat/$"))

@@ -8,7 +8,7 @@ import time
 import pytest
 from playwright.sync_api import expect
 
-from tests.conftest import PASSWORD
+from tests.conftest import sign_up
 
 
 @pytest.fixture
@@ -17,15 +17,6 @@ def page(browser, live_site):
     page = context.new_page()
     yield page
     context.close()
-
-
-def sign_up(page, username: str) -> None:
-    page.goto("/accounts/signup/")
-    page.fill("[name=username]", username)
-    page.fill("[name=password1]", PASSWORD)
-    page.fill("[name=password2]", PASSWORD)
-    page.get_by_role("button", name="Sign up").click()
-    expect(page).to_have_url(re.compile(r"/chat/$"))
 
 
 def test_answer_grows_token_by_token_then_completes_and_survives_a_reload(page):

@@ -7,7 +7,6 @@ live site's database, as if a model had produced them, and then opened like a us
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 
@@ -16,7 +15,7 @@ from playwright.sync_api import expect
 
 from bench.livesite import ROOT, LiveSite
 from generation.generators import SYNTHETIC_TEXT
-from tests.conftest import PASSWORD
+from tests.conftest import sign_up
 
 SYNTHETIC_ENV = {"CHAT_ENABLE_SYNTHETIC": "1", "CHAT_MODEL": "synthetic", "CHAT_SYNTHETIC_TOKENS_PER_S": "200"}
 XSS_PAYLOADS = [
@@ -63,15 +62,6 @@ def page(context):
     page.dialogs = dialogs  # type: ignore[attr-defined]
     yield page
     assert dialogs == [], f"a script ran and opened a dialog: {dialogs}"
-
-
-def sign_up(page, username: str) -> None:
-    page.goto("/accounts/signup/")
-    page.fill("[name=username]", username)
-    page.fill("[name=password1]", PASSWORD)
-    page.fill("[name=password2]", PASSWORD)
-    page.get_by_role("button", name="Sign up").click()
-    expect(page).to_have_url(re.compile(r"/chat/$"))
 
 
 def add_conversation(site: LiveSite, username: str, answers: list[str]) -> str:

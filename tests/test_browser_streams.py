@@ -15,7 +15,7 @@ from playwright.sync_api import expect
 
 from bench.livesite import LiveSite
 from generation.generators import SYNTHETIC_TEXT
-from tests.conftest import PASSWORD
+from tests.conftest import sign_up
 from tests.tcp_proxy import FlakyProxy
 
 RATE = 50
@@ -44,11 +44,7 @@ def page(browser, proxy):
 
 
 def start_answer(page, username: str):
-    page.goto("/accounts/signup/")
-    page.fill("[name=username]", username)
-    page.fill("[name=password1]", PASSWORD)
-    page.fill("[name=password2]", PASSWORD)
-    page.get_by_role("button", name="Sign up").click()
+    sign_up(page, username)
     page.get_by_label("Message").fill("Stream something long")
     page.get_by_role("button", name="Send").click()
     expect(page).to_have_url(re.compile(r"/chat/[0-9a-f-]{36}/$"))

@@ -11,7 +11,7 @@ import pytest
 from playwright.sync_api import expect
 
 from bench.livesite import LiveSite
-from tests.conftest import PASSWORD
+from tests.conftest import sign_up
 
 SYNTHETIC_ENV = {"CHAT_ENABLE_SYNTHETIC": "1", "CHAT_MODEL": "synthetic", "CHAT_SYNTHETIC_TOKENS_PER_S": "100"}
 
@@ -28,15 +28,6 @@ def page(browser, synthetic_site):
     page = context.new_page()
     yield page
     context.close()
-
-
-def sign_up(page, username: str) -> None:
-    page.goto("/accounts/signup/")
-    page.fill("[name=username]", username)
-    page.fill("[name=password1]", PASSWORD)
-    page.fill("[name=password2]", PASSWORD)
-    page.get_by_role("button", name="Sign up").click()
-    expect(page).to_have_url(re.compile(r"/chat/$"))
 
 
 def ask_and_stop(page, prompt: str):
