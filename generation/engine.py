@@ -42,6 +42,17 @@ class GenerationResult:
     def duration_ms(self) -> int:
         return round(self.duration_s * 1000)
 
+    def outcome_fields(self) -> dict[str, Any]:
+        """What the answer and the usage record both save of a finished generation."""
+        return {
+            "status": self.status,
+            "finish_reason": self.finish_reason,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "ttft_ms": self.ttft_ms,
+            "duration_ms": self.duration_ms,
+        }
+
     def summary(self) -> dict[str, Any]:
         """The `done` event's data."""
         decode_s = self.duration_s - (self.ttft_s or 0.0)

@@ -91,15 +91,7 @@ def generation_start(
     )
 
     def finish(result: GenerationResult) -> None:
-        usage_finish(
-            stream_id=stream_id,
-            status=result.status,
-            finish_reason=result.finish_reason,
-            prompt_tokens=result.prompt_tokens,
-            completion_tokens=result.completion_tokens,
-            ttft_ms=result.ttft_ms,
-            duration_ms=result.duration_ms,
-        )
+        usage_finish(stream_id=stream_id, **result.outcome_fields())
         if on_finish:
             on_finish(result)
 
@@ -227,16 +219,7 @@ def message_save_progress(message_id: int, text: str) -> None:
 
 def message_finish(message_id: int, result: GenerationResult) -> None:
     """Save a finished answer with its usage and timings."""
-    Message.objects.filter(pk=message_id).update(
-        content=result.text,
-        status=result.status,
-        finish_reason=result.finish_reason,
-        prompt_tokens=result.prompt_tokens,
-        completion_tokens=result.completion_tokens,
-        ttft_ms=result.ttft_ms,
-        duration_ms=result.duration_ms,
-        error=result.error,
-    )
+    Message.objects.filter(pk=message_id).update(content=result.text, error=result.error, **result.outcome_fields())
 
 
 def message_stop(*, message: Message) -> bool:
