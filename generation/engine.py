@@ -10,9 +10,9 @@ the saved message. No Django imports here.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -153,13 +153,15 @@ class Engine:
         self.load_error: str | None = None
         self.active = 0
         self.generated_tokens = 0
-        self._jobs: queue.Queue[Job | None] = queue.Queue()
+        self._jobs: deque[Job] = deque()
         self._lock = threading.Lock()
+        self._job_ready = threading.Condition(self._lock)
+        # Workers waiting for a job that no submitted job has been promised to yet.
+        self._free = 0
         self._loaded = threading.Event()  # set once loading ended, well or not
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._workers: list[threading.Thread] = []
-        self._idle = 0
 
     @property
     def ready(self) -> bool:
@@ -167,7 +169,8 @@ class Engine:
 
     @property
     def queued(self) -> int:
-        return self._jobs.qsize()
+        with self._lock:
+            return len(self._jobs)
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         self._loaded.wait(timeout)
@@ -185,17 +188,20 @@ class Engine:
                     thread.start()
 
     def submit(self, job: Job) -> None:
-        """Queue a job, or refuse it at once when `max_queue` jobs already wait."""
+        """Start a job on a free (or new) worker, else queue it; refuse it at once
+        when all `max_concurrent` workers are busy and `max_queue` jobs already wait."""
         with self._lock:
-            waiting = self._jobs.qsize() - self._idle
-            if waiting >= self.max_queue:
-                raise EngineOverloaded(f"{waiting} generations are already waiting")
-            self.store.create(job.stream_id)
-            self._jobs.put(job)
-            if self._jobs.qsize() > self._idle and len(self._workers) < self.max_concurrent:
+            if self._free > 0:
+                self._free -= 1  # promised to one waiting worker, woken below
+                self._job_ready.notify()
+            elif len(self._workers) < self.max_concurrent:
                 worker = threading.Thread(target=self._work, name=f"chatsite-worker-{len(self._workers)}", daemon=True)
                 self._workers.append(worker)
                 worker.start()
+            elif len(self._jobs) >= self.max_queue:
+                raise EngineOverloaded(f"{len(self._jobs)} generations are already waiting")
+            self.store.create(job.stream_id)
+            self._jobs.append(job)
         self.start()
 
     def cancel(self, stream_id: str) -> bool:
@@ -204,7 +210,8 @@ class Engine:
     def stop(self, timeout: float | None = None) -> None:
         """Finish the running jobs, then end the threads."""
         self._stopping.set()
-        self._jobs.put(None)  # each worker passes it on to the next
+        with self._lock:
+            self._job_ready.notify_all()
         for thread in [*self._workers, *self._threads]:
             thread.join(timeout)
 
@@ -225,19 +232,20 @@ class Engine:
             if self._stopping.wait(self.HEARTBEAT_S):
                 return
 
+    def _next_job(self) -> Job | None:
+        """The oldest waiting job, taken as this worker's; None once the engine stops."""
+        with self._lock:
+            while not self._jobs:
+                if self._stopping.is_set():
+                    return None
+                self._free += 1
+                self._job_ready.wait()  # submit() takes us off _free when it wakes us
+            self.active += 1
+            return self._jobs.popleft()
+
     def _work(self) -> None:
         self._loaded.wait()
-        while True:
-            with self._lock:
-                self._idle += 1
-            job = self._jobs.get()
-            with self._lock:
-                self._idle -= 1
-                if job is not None:
-                    self.active += 1
-            if job is None:
-                self._jobs.put(None)
-                return
+        while (job := self._next_job()) is not None:
             final = self._run(job)
             # Counted as finished before readers can see the terminal event, so that
             # whoever reacts to `done` (a test, a dashboard) sees consistent metrics.

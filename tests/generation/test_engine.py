@@ -152,7 +152,7 @@ def test_a_failing_save_callback_still_ends_the_stream():
 
 def test_engine_runs_up_to_max_concurrent_jobs_at_once():
     store = InMemoryStreamStore()
-    engine = Engine(lambda: SyntheticGenerator(tokens_per_s=20, answer_words=10), store, max_concurrent=4)
+    engine = Engine(lambda: SyntheticGenerator(tokens_per_s=20, answer_words=40), store, max_concurrent=4)
     for n in range(4):
         engine.submit(Job(f"s{n}", PROMPT))
     wait_until(lambda: engine.active == 4, timeout=5)
