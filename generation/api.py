@@ -31,7 +31,7 @@ from generation.engine import EngineOverloaded
 from generation.generators import GenerationParams, Prompt
 from generation.openapi import openapi_document
 from generation.services import generation_start
-from generation.streams import StreamEvent, StreamNotFound, sse_comment, sse_event
+from generation.streams import StreamEvent, StreamNotFound, coalesced, sse_comment, sse_event
 
 HEARTBEAT_S = 15.0
 BUSY_RETRY_AFTER_S = 5
@@ -263,20 +263,10 @@ def openai_finish_reason(finish_reason: str) -> str:
 def completion_events(completion: Completion, events: list[StreamEvent], *, include_usage: bool) -> bytes:
     """Format a batch of stream events as OpenAI SSE chunks; consecutive tokens coalesce."""
     out: list[bytes] = []
-    run: list[StreamEvent] = []
-
-    def flush() -> None:
-        if run:
-            content = "".join(e.data["delta"] for e in run)
-            out.append(sse_event(completion.chunk(content=content), id=run[-1].seq))
-            run.clear()
-
-    for event in events:
+    for event in coalesced(events):
         if event.type == "token":
-            run.append(event)
-            continue
-        flush()
-        if event.type == "done":
+            out.append(sse_event(completion.chunk(content=event.data["delta"]), id=event.seq))
+        elif event.type == "done":
             reason = openai_finish_reason(event.data["finish_reason"])
             out.append(sse_event(completion.chunk(finish_reason=reason), id=event.seq))
             if include_usage:
@@ -291,7 +281,6 @@ def completion_events(completion: Completion, events: list[StreamEvent], *, incl
             }
             out.append(sse_event({"error": error}, id=event.seq))
             out.append(DONE)
-    flush()
     return b"".join(out)
 
 

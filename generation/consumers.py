@@ -25,7 +25,7 @@ from generation import runtime, services
 from generation.engine import EngineOverloaded
 from generation.forms import PromptForm
 from generation.models import Conversation, Message
-from generation.streams import StreamEvent, StreamNotFound, sse_comment, sse_event
+from generation.streams import StreamEvent, StreamNotFound, coalesced, sse_comment, sse_event
 
 logger = logging.getLogger(__name__)
 
@@ -40,23 +40,10 @@ SSE_HEADERS = [
 
 
 def token_events(events: Iterable[StreamEvent]) -> bytes:
-    """Coalesce consecutive token events into one SSE event each run."""
-    out: list[bytes] = []
-    run: list[StreamEvent] = []
-
-    def flush() -> None:
-        if run:
-            delta = "".join(e.data["delta"] for e in run)
-            out.append(sse_event({"delta": delta}, event="token", id=run[-1].seq))
-            run.clear()
-
-    for event in events:
-        if event.type == "token":
-            run.append(event)
-        else:
-            flush()
-    flush()
-    return b"".join(out)
+    """The token events as SSE, one event per run of consecutive tokens."""
+    return b"".join(
+        sse_event(event.data, event="token", id=event.seq) for event in coalesced(events) if event.type == "token"
+    )
 
 
 def resume_point(scope: dict[str, Any]) -> int:

@@ -11,7 +11,7 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -179,6 +179,29 @@ class InMemoryStreamStore:
         ]
         for stream_id in expired:
             del self._streams[stream_id]
+
+
+def coalesced(events: Iterable[StreamEvent]) -> Iterator[StreamEvent]:
+    """Merge each run of consecutive token events into one token event.
+
+    The merged event carries the run's last sequence number, so a reader that resumes
+    after it skips exactly the tokens it holds.
+    """
+    run: list[StreamEvent] = []
+    for event in events:
+        if event.type == "token":
+            run.append(event)
+            continue
+        if run:
+            yield _merged(run)
+            run = []
+        yield event
+    if run:
+        yield _merged(run)
+
+
+def _merged(run: list[StreamEvent]) -> StreamEvent:
+    return StreamEvent(seq=run[-1].seq, type="token", data={"delta": "".join(e.data["delta"] for e in run)})
 
 
 def sse_event(data: str | dict[str, Any], *, event: str | None = None, id: int | None = None) -> bytes:

@@ -13,3 +13,15 @@ def test_sse_event_splits_multi_line_data_into_data_lines():
 
 def test_sse_comment_is_a_colon_line():
     assert sse_comment("ping") == b": ping\n\n"
+
+
+def test_coalesced_merges_token_runs_keeping_the_last_sequence_number():
+    from generation.streams import StreamEvent, coalesced
+
+    events = [
+        StreamEvent(1, "token", {"delta": "a"}),
+        StreamEvent(2, "token", {"delta": "b"}),
+        StreamEvent(3, "done", {}),
+    ]
+    assert list(coalesced(events)) == [StreamEvent(2, "token", {"delta": "ab"}), StreamEvent(3, "done", {})]
+    assert list(coalesced([])) == []
