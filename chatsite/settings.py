@@ -171,7 +171,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     }
     # Tests use a file too: Django's default in-memory test database is shared-cache,
     # whose table locks fail at once ("database table is locked") where WAL would wait.
-    DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / ".test-db.sqlite3")}
+    # It sits next to the database, so runs with different DATABASE_URLs don't collide.
+    database = Path(DATABASES["default"]["NAME"])
+    DATABASES["default"]["TEST"] = {"NAME": str(database.with_name(f".test-{database.name}"))}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -228,6 +230,9 @@ if not MODEL_CACHE_DIR.is_absolute():
 GENERATION_BACKEND = env_choice("GENERATION_BACKEND", "inprocess", ("inprocess", "celery"))
 GENERATION_MAX_CONCURRENT = env_optional_int("GENERATION_MAX_CONCURRENT", minimum=1)
 GENERATION_MAX_QUEUE = env_int("GENERATION_MAX_QUEUE", 64, minimum=0)
+# `batched` shares forward passes between concurrent generations; `sequential` runs one
+# generate() call per generation (docs/benchmarks.md compares them).
+GENERATION_SCHEDULER = env_choice("GENERATION_SCHEDULER", "batched", ("batched", "sequential"))
 CHAT_ENABLE_SYNTHETIC = env_bool("CHAT_ENABLE_SYNTHETIC", False)
 CHAT_SYNTHETIC_TOKENS_PER_S = env_float("CHAT_SYNTHETIC_TOKENS_PER_S", 50.0)
 try:

@@ -1,10 +1,12 @@
-"""The engine: a bounded queue of generation jobs and a worker thread that runs them.
+"""The engine: a bounded queue of generation jobs in front of one loaded model.
 
-The worker loads its generator once, then for each job calls the generator and
-publishes what it produces to the stream store: `token` events, then exactly one
-`done` or `error`. The job's callbacks save the result (the producer saves, not the
-reader) before the terminal event is published, so a reader that sees `done` finds
-the saved message. No Django imports here.
+Two schedulers run the jobs. `batched` (the default) decodes up to `max_concurrent`
+generations together, one forward pass per step for all of them (generation/batching.py);
+`sequential` runs each job's own `generate()` call on up to `max_concurrent` threads.
+Either way each job publishes to the stream store: `status` events while it waits for
+room, `token` events, then exactly one `done` or `error`. The job's callbacks save the
+result (the producer saves, not the reader) before the terminal event is published, so a
+reader that sees `done` finds the saved message. No Django imports here.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from generation.generators import ContextLengthExceeded, GenerationParams, Generator, Prompt
+from generation.batching import Sequence
+from generation.generators import ContextLengthExceeded, GenerationOutcome, GenerationParams, Generator, Prompt
 from generation.streams import StreamStore
 
 logger = logging.getLogger(__name__)
@@ -83,6 +87,9 @@ class Job:
     # `progress_interval_s`, and with the final result.
     on_progress: Callable[[str], None] | None = None
     on_finish: Callable[[GenerationResult], None] | None = None
+    submitted_at: float = field(default_factory=time.monotonic)
+    # Generations ahead of it in the queue, as last told to its readers (None: never waited).
+    ahead: int | None = None
 
 
 class StopMatcher:
@@ -124,11 +131,84 @@ class EngineOverloaded(RuntimeError):
     pass
 
 
-class Engine:
-    """Runs jobs on up to `max_concurrent` worker threads sharing one loaded generator.
+SCHEDULERS = ("batched", "sequential")
 
-    While it runs it beats as `producer` in the stream store every few seconds, so
-    other processes can tell its unfinished streams from those of a dead process.
+
+class _Run:
+    """One job's generation under way: publishes its text as it comes and builds its result."""
+
+    def __init__(self, job: Job, engine: Engine) -> None:
+        self.job = job
+        self.store = engine.store
+        self.progress_interval_s = engine.progress_interval_s
+        self._finisher = engine._finisher
+        self.pieces: list[str] = []
+        self.first_token_at: float | None = None
+        self.last_progress = time.monotonic()
+        self.stop = StopMatcher(job.params.stop)
+        self.cancelled = False  # set by whoever watches the store's cancel flag
+        self.sequence = Sequence(job.prompt, job.params, self.on_token, self.should_stop)
+
+    def on_token(self, text: str) -> None:
+        if not self.stop.matched:
+            self._publish(self.stop.feed(text))
+
+    def should_stop(self) -> bool:
+        return self.stop.matched or self.cancelled
+
+    def poll_cancelled(self) -> bool:
+        """should_stop(), asking the store first: one round trip per call."""
+        self.cancelled = self.cancelled or self.store.is_cancelled(self.job.stream_id)
+        return self.should_stop()
+
+    def _publish(self, text: str) -> None:
+        if not text:
+            return
+        now = time.monotonic()
+        if self.first_token_at is None:
+            self.first_token_at = now
+        self.pieces.append(text)
+        self.store.append(self.job.stream_id, "token", {"delta": text})
+        if self.job.on_progress and now - self.last_progress >= self.progress_interval_s:
+            self.last_progress = now
+            self._finisher.submit(_call_safely, self.job.on_progress, "".join(self.pieces))
+
+    def finished(self, outcome: GenerationOutcome) -> GenerationResult:
+        self._publish(self.stop.flush())
+        finish_reason = "stop" if self.stop.matched else outcome.finish_reason
+        return self._result(
+            status="stopped" if finish_reason == "cancelled" else "complete",
+            finish_reason=finish_reason,
+            prompt_tokens=outcome.prompt_tokens,
+            completion_tokens=outcome.completion_tokens,
+        )
+
+    def cancelled_before_start(self) -> GenerationResult:
+        return self._result(status="stopped", finish_reason="cancelled")
+
+    def failed(self, error: Exception) -> GenerationResult:
+        if isinstance(error, ContextLengthExceeded):
+            return self._result(status="error", finish_reason="error", error=str(error))
+        logger.error("Generation %s failed", self.job.stream_id, exc_info=error)
+        return self._result(status="error", finish_reason="error", error=f"Generation failed: {error}")
+
+    def _result(self, **kwargs: Any) -> GenerationResult:
+        # Timed from submission: time spent waiting in the queue is part of what users wait.
+        started = self.job.submitted_at
+        return GenerationResult(
+            text="".join(self.pieces),
+            ttft_s=None if self.first_token_at is None else self.first_token_at - started,
+            duration_s=time.monotonic() - started,
+            **kwargs,
+        )
+
+
+class Engine:
+    """Runs jobs, up to `max_concurrent` at once, on one loaded generator.
+
+    Beyond that, up to `max_queue` jobs wait in order; each is told how many are ahead of
+    it. While it runs the engine beats as `producer` in the stream store every few seconds,
+    so other processes can tell its unfinished streams from those of a dead process.
     """
 
     HEARTBEAT_S = 5.0
@@ -138,13 +218,17 @@ class Engine:
         load: Callable[[], Generator],
         store: StreamStore,
         *,
+        scheduler: str = "batched",
         max_queue: int = 64,
         max_concurrent: int = 1,
         producer: str = "engine",
         progress_interval_s: float = 2.0,
     ) -> None:
+        if scheduler not in SCHEDULERS:
+            raise ValueError(f"scheduler must be one of {SCHEDULERS}, not {scheduler!r}")
         self._load = load
         self.store = store
+        self.scheduler = scheduler
         self.max_queue = max_queue
         self.max_concurrent = max_concurrent
         self.producer = producer
@@ -156,12 +240,15 @@ class Engine:
         self._jobs: deque[Job] = deque()
         self._lock = threading.Lock()
         self._job_ready = threading.Condition(self._lock)
-        # Workers waiting for a job that no submitted job has been promised to yet.
+        # Sequential workers waiting for a job that no submitted job has been promised to yet.
         self._free = 0
         self._loaded = threading.Event()  # set once loading ended, well or not
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._workers: list[threading.Thread] = []
+        # Saves and terminal events go out in order on their own thread, so that a slow
+        # database never holds up the decoding step of every generation in the batch.
+        self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chatsite-finish")
 
     @property
     def ready(self) -> bool:
@@ -169,6 +256,7 @@ class Engine:
 
     @property
     def queued(self) -> int:
+        """Jobs waiting for room (not yet generating)."""
         with self._lock:
             return len(self._jobs)
 
@@ -184,36 +272,46 @@ class Engine:
                     threading.Thread(target=self._load_generator, name="chatsite-load", daemon=True),
                     threading.Thread(target=self._beat, name="chatsite-heartbeat", daemon=True),
                 ]
+                if self.scheduler == "batched":
+                    self._threads.append(threading.Thread(target=self._batch_loop, name="chatsite-batch", daemon=True))
                 for thread in self._threads:
                     thread.start()
 
     def submit(self, job: Job) -> None:
-        """Start a job on a free (or new) worker, else queue it; refuse it at once
-        when all `max_concurrent` workers are busy and `max_queue` jobs already wait."""
+        """Queue a job; refuse it at once when `max_queue` jobs already wait for room.
+
+        A job that has to wait is told how many are ahead of it (a `status` event)."""
         with self._lock:
-            if self._free > 0:
-                self._free -= 1  # promised to one waiting worker, woken below
+            ahead = self.active + len(self._jobs) - self.max_concurrent
+            if ahead >= self.max_queue:
+                raise EngineOverloaded(f"{ahead} generations are already waiting")
+            self.store.create(job.stream_id)
+            if ahead >= 0:
+                job.ahead = ahead
+                self.store.append(job.stream_id, "status", {"state": "queued", "ahead": ahead})
+            self._jobs.append(job)
+            if self.scheduler == "batched":
+                self._job_ready.notify()
+            elif self._free > 0:
+                self._free -= 1  # promised to one waiting worker, woken here
                 self._job_ready.notify()
             elif len(self._workers) < self.max_concurrent:
                 worker = threading.Thread(target=self._work, name=f"chatsite-worker-{len(self._workers)}", daemon=True)
                 self._workers.append(worker)
                 worker.start()
-            elif len(self._jobs) >= self.max_queue:
-                raise EngineOverloaded(f"{len(self._jobs)} generations are already waiting")
-            self.store.create(job.stream_id)
-            self._jobs.append(job)
         self.start()
 
     def cancel(self, stream_id: str) -> bool:
         return self.store.cancel(stream_id)
 
     def stop(self, timeout: float | None = None) -> None:
-        """Finish the running jobs, then end the threads."""
+        """Finish the running and waiting jobs, then end the threads."""
         self._stopping.set()
         with self._lock:
             self._job_ready.notify_all()
         for thread in [*self._workers, *self._threads]:
             thread.join(timeout)
+        self._finisher.shutdown(wait=True)
 
     def _load_generator(self) -> None:
         try:
@@ -232,95 +330,105 @@ class Engine:
             if self._stopping.wait(self.HEARTBEAT_S):
                 return
 
-    def _next_job(self) -> Job | None:
-        """The oldest waiting job, taken as this worker's; None once the engine stops."""
+    def _take(self, count: int, *, wait: bool) -> list[Job] | None:
+        """Up to `count` of the oldest jobs, counted as active from now on. With `wait`,
+        blocks until there is one; None once the engine stops and no job is left."""
         with self._lock:
-            while not self._jobs:
+            while wait and not self._jobs:
                 if self._stopping.is_set():
                     return None
-                self._free += 1
-                self._job_ready.wait()  # submit() takes us off _free when it wakes us
-            self.active += 1
-            return self._jobs.popleft()
+                if self.scheduler == "sequential":
+                    self._free += 1  # submit() takes us off _free when it wakes us
+                self._job_ready.wait()
+            taken = [self._jobs.popleft() for _ in range(min(count, len(self._jobs)))]
+            self.active += len(taken)
+            news: list[tuple[str, dict[str, Any]]] = [
+                (job.stream_id, {"state": "running"}) for job in taken if job.ahead is not None
+            ]
+            for index, job in enumerate(self._jobs):
+                ahead = self.active + index - self.max_concurrent
+                if job.ahead is not None and ahead != job.ahead:
+                    job.ahead = ahead
+                    news.append((job.stream_id, {"state": "queued", "ahead": max(ahead, 0)}))
+        for stream_id, data in news:
+            self._append_quietly(stream_id, "status", data)
+        return taken
 
     def _work(self) -> None:
+        """A sequential worker: one generate() call at a time."""
         self._loaded.wait()
-        while (job := self._next_job()) is not None:
-            final = self._run(job)
-            # Counted as finished before readers can see the terminal event, so that
-            # whoever reacts to `done` (a test, a dashboard) sees consistent metrics.
-            with self._lock:
-                self.active -= 1
-                self.generated_tokens += final.completion_tokens
+        while jobs := self._take(1, wait=True):
+            run = _Run(jobs[0], self)
             try:
-                if final.status == "error":
-                    self.store.append(job.stream_id, "error", {"message": final.error, **final.summary()})
+                if self.generator is None:
+                    raise RuntimeError(f"the model is not loaded ({self.load_error})")
+                if run.poll_cancelled():  # cancelled while waiting in the queue
+                    final = run.cancelled_before_start()
                 else:
-                    self.store.append(job.stream_id, "done", final.summary())
-            except Exception:  # e.g. Redis unreachable: the worker must live on
-                logger.exception("Could not end stream %s", job.stream_id)
+                    outcome = self.generator.generate(run.job.prompt, run.job.params, run.on_token, run.poll_cancelled)
+                    final = run.finished(outcome)
+            except Exception as error:
+                final = run.failed(error)
+            self._finish(run, final).result()
 
-    def _run(self, job: Job) -> GenerationResult:
-        """Generate, publishing tokens as they come, and save the result; never raises."""
-        started = time.monotonic()
-        pieces: list[str] = []
-        first_token_at: float | None = None
-        last_progress = started
+    def _batch_loop(self) -> None:
+        """The batched scheduler: one thread stepping every running generation together."""
+        self._loaded.wait()
+        batch = self.generator.open_batch() if self.generator is not None else None
+        runs: dict[Sequence, _Run] = {}
+        while (jobs := self._take(self.max_concurrent - len(runs), wait=not runs)) is not None:
+            for job in jobs:
+                run = _Run(job, self)
+                try:
+                    if batch is None:
+                        raise RuntimeError(f"the model is not loaded ({self.load_error})")
+                    if run.poll_cancelled():
+                        self._finish(run, run.cancelled_before_start())
+                    else:
+                        batch.add(run.sequence)
+                        runs[run.sequence] = run
+                except Exception as error:
+                    self._finish(run, run.failed(error))
+            if not runs or batch is None:
+                continue
+            try:
+                # One look at every row's cancel flag per step, instead of one per row.
+                by_stream = {run.job.stream_id: run for run in runs.values()}
+                for stream_id in self.store.cancelled_among(list(by_stream)):
+                    by_stream[stream_id].cancelled = True
+                finished = batch.step()
+            except Exception as error:
+                logger.exception("A batched decoding step failed; ending its %d generations", len(runs))
+                for sequence in batch.cancel_all():
+                    run = runs.pop(sequence)
+                    self._finish(run, run.failed(error))
+                continue
+            for sequence, outcome in finished:
+                run = runs.pop(sequence)
+                self._finish(run, run.finished(outcome))
 
-        stop = StopMatcher(job.params.stop)
+    def _finish(self, run: _Run, final: GenerationResult) -> Any:
+        """Save the result, then publish the terminal event, in order, off the decoding thread."""
+        return self._finisher.submit(self._end, run.job, final)
 
-        def publish(text: str) -> None:
-            nonlocal first_token_at, last_progress
-            if not text:
-                return
-            now = time.monotonic()
-            if first_token_at is None:
-                first_token_at = now
-            pieces.append(text)
-            self.store.append(job.stream_id, "token", {"delta": text})
-            if job.on_progress and now - last_progress >= self.progress_interval_s:
-                last_progress = now
-                _call_safely(job.on_progress, "".join(pieces))
-
-        def on_token(text: str) -> None:
-            if not stop.matched:
-                publish(stop.feed(text))
-
-        def should_stop() -> bool:
-            return stop.matched or self.store.is_cancelled(job.stream_id)
-
-        def result(**kwargs: Any) -> GenerationResult:
-            return GenerationResult(
-                text="".join(pieces),
-                ttft_s=None if first_token_at is None else first_token_at - started,
-                duration_s=time.monotonic() - started,
-                **kwargs,
-            )
-
-        try:
-            if self.generator is None:
-                raise RuntimeError(f"the model is not loaded ({self.load_error})")
-            if should_stop():  # cancelled while waiting in the queue
-                outcome_kwargs: dict[str, Any] = {"status": "stopped", "finish_reason": "cancelled"}
-            else:
-                outcome = self.generator.generate(job.prompt, job.params, on_token, should_stop)
-                publish(stop.flush())
-                finish_reason = "stop" if stop.matched else outcome.finish_reason
-                outcome_kwargs = {
-                    "status": "stopped" if finish_reason == "cancelled" else "complete",
-                    "finish_reason": finish_reason,
-                    "prompt_tokens": outcome.prompt_tokens,
-                    "completion_tokens": outcome.completion_tokens,
-                }
-            final = result(**outcome_kwargs)
-        except ContextLengthExceeded as error:
-            final = result(status="error", finish_reason="error", error=str(error))
-        except Exception as error:
-            logger.exception("Generation %s failed", job.stream_id)
-            final = result(status="error", finish_reason="error", error=f"Generation failed: {error}")
+    def _end(self, job: Job, final: GenerationResult) -> None:
         if job.on_finish:
             _call_safely(job.on_finish, final)
-        return final
+        # Counted as finished before readers can see the terminal event, so that
+        # whoever reacts to `done` (a test, a dashboard) sees consistent metrics.
+        with self._lock:
+            self.active -= 1
+            self.generated_tokens += final.completion_tokens
+        if final.status == "error":
+            self._append_quietly(job.stream_id, "error", {"message": final.error, **final.summary()})
+        else:
+            self._append_quietly(job.stream_id, "done", final.summary())
+
+    def _append_quietly(self, stream_id: str, type: str, data: dict[str, Any]) -> None:
+        try:
+            self.store.append(stream_id, type, data)
+        except Exception:  # e.g. Redis unreachable: the engine must live on
+            logger.exception("Could not publish %s to stream %s", type, stream_id)
 
 
 def _call_safely(callback: Callable[[Any], None], argument: Any) -> None:

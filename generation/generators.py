@@ -12,9 +12,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from generation.registry import ModelSpec
+
+if TYPE_CHECKING:
+    from generation.batching import Batch, SyntheticBatch, TransformersBatch
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +60,8 @@ class Generator(Protocol):
         should_stop: Callable[[], bool],
     ) -> GenerationOutcome: ...
 
+    def open_batch(self) -> Batch: ...
+
 
 class TransformersGenerator:
     def __init__(self, name: str, model: Any, tokenizer: Any) -> None:
@@ -69,6 +74,7 @@ class TransformersGenerator:
         self.context_length = int(getattr(model.config, "max_position_embeddings", 2048))
         eos = model.generation_config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids), 0)
         self._torch = torch
 
     def encode(self, prompt: Prompt) -> Any:
@@ -80,6 +86,23 @@ class TransformersGenerator:
 
     def count_prompt_tokens(self, prompt: Prompt) -> int:
         return int(self.encode(prompt)["input_ids"].shape[1])
+
+    def check_room(self, prompt_tokens: int) -> int:
+        """How many tokens the context leaves for the answer; ContextLengthExceeded if none."""
+        room = self.context_length - prompt_tokens
+        if room <= 0:
+            raise ContextLengthExceeded(
+                f"The conversation is {prompt_tokens} tokens long; this model's context holds {self.context_length}."
+            )
+        return room
+
+    def token_text(self) -> TokenText:
+        return TokenText(self.tokenizer)
+
+    def open_batch(self) -> TransformersBatch:
+        from generation.batching import TransformersBatch
+
+        return TransformersBatch(self)
 
     def generate(
         self,
@@ -93,12 +116,8 @@ class TransformersGenerator:
         torch = self._torch
         inputs = self.encode(prompt).to(self.device)
         prompt_tokens = int(inputs["input_ids"].shape[1])
-        room = self.context_length - prompt_tokens
-        if room <= 0:
-            raise ContextLengthExceeded(
-                f"The conversation is {prompt_tokens} tokens long; this model's context holds {self.context_length}."
-            )
-        streamer = _DeltaStreamer(self.tokenizer, on_token, self.eos_ids)
+        room = self.check_room(prompt_tokens)
+        streamer = _DeltaStreamer(self.token_text(), on_token, self.eos_ids)
         sampling: dict[str, Any] = {"do_sample": False}
         if params.temperature > 0:
             sampling = {"do_sample": True, "temperature": params.temperature, "top_p": params.top_p}
@@ -111,7 +130,7 @@ class TransformersGenerator:
                 max_new_tokens=min(params.max_tokens, room),
                 streamer=streamer,
                 stopping_criteria=StoppingCriteriaList([_CancelCriteria(should_stop)]),
-                pad_token_id=self.tokenizer.pad_token_id or next(iter(self.eos_ids), None),
+                pad_token_id=self.pad_id,
             )
         if should_stop():
             finish_reason = "cancelled"
@@ -122,19 +141,30 @@ class TransformersGenerator:
         return GenerationOutcome(prompt_tokens, streamer.count, finish_reason)
 
 
-class _DeltaStreamer:
-    """Feeds each new token's text to a callback as soon as it is complete.
+class TokenText:
+    """The text of a token sequence, one token at a time, in O(1) per token.
 
-    tokenizers' DecodeStream decodes one token at a time in O(1) and holds back
-    bytes of a character split across tokens. (TextIteratorStreamer re-decodes the
-    tail and waits for a word boundary, which delays the first token.)
+    tokenizers' DecodeStream holds back the bytes of a character split across tokens,
+    so multi-byte characters are never cut. (TextIteratorStreamer re-decodes the tail
+    and waits for a word boundary, which delays the first token.)
     """
 
-    def __init__(self, tokenizer: Any, on_token: Callable[[str], None], eos_ids: set[int]) -> None:
+    def __init__(self, tokenizer: Any) -> None:
         from tokenizers.decoders import DecodeStream
 
         self._backend = tokenizer._tokenizer
         self._decoder = DecodeStream(skip_special_tokens=True)
+
+    def step(self, token_id: int) -> str | None:
+        """The new text this token completes, if any."""
+        return self._decoder.step(self._backend, token_id)
+
+
+class _DeltaStreamer:
+    """A generate() streamer that feeds each new token's text to a callback at once."""
+
+    def __init__(self, text: TokenText, on_token: Callable[[str], None], eos_ids: set[int]) -> None:
+        self._text = text
         self._on_token = on_token
         self._eos_ids = eos_ids
         self._prompt_seen = False
@@ -150,7 +180,7 @@ class _DeltaStreamer:
             self.last_id = token_id
             if token_id in self._eos_ids:
                 continue
-            if text := self._decoder.step(self._backend, token_id):
+            if text := self._text.step(token_id):
                 self._on_token(text)
 
     def end(self) -> None:
@@ -194,6 +224,13 @@ class SyntheticGenerator:
             return len(prompt.split())
         return sum(len(m["content"].split()) for m in prompt)
 
+    def answer_length(self, params: GenerationParams) -> int:
+        return params.max_tokens if self.answer_words is None else min(params.max_tokens, self.answer_words)
+
+    def finish_reason(self, length: int) -> str:
+        """Why an answer of `length` words that ran to its end ended."""
+        return "stop" if length == self.answer_words else "length"
+
     def generate(
         self,
         prompt: Prompt,
@@ -203,7 +240,7 @@ class SyntheticGenerator:
     ) -> GenerationOutcome:
         prompt_tokens = self.count_prompt_tokens(prompt)
         words = itertools.cycle(SYNTHETIC_TEXT.split())
-        limit = params.max_tokens if self.answer_words is None else min(params.max_tokens, self.answer_words)
+        limit = self.answer_length(params)
         count = 0
         next_at = time.monotonic()
         while count < limit:
@@ -213,8 +250,12 @@ class SyntheticGenerator:
             time.sleep(max(0.0, next_at - time.monotonic()))
             on_token(("" if count == 0 else " ") + next(words))
             count += 1
-        finish_reason = "stop" if self.answer_words is not None and limit == self.answer_words else "length"
-        return GenerationOutcome(prompt_tokens, count, finish_reason)
+        return GenerationOutcome(prompt_tokens, count, self.finish_reason(limit))
+
+    def open_batch(self) -> SyntheticBatch:
+        from generation.batching import SyntheticBatch
+
+        return SyntheticBatch(self)
 
 
 def load_generator(spec: ModelSpec, *, cache_dir: Path, device: str, synthetic_tokens_per_s: float) -> Generator:

@@ -148,6 +148,13 @@ class RedisStreamStore:
         # Called every decoding step: one HGET, one round trip.
         return self._redis.hget(self.meta_key(stream_id), "cancelled") == "1"
 
+    def cancelled_among(self, stream_ids: list[str]) -> set[str]:
+        # A batch checks all its rows every decoding step: one round trip for all of them.
+        pipe = self._redis.pipeline(transaction=False)
+        for stream_id in stream_ids:
+            pipe.hget(self.meta_key(stream_id), "cancelled")
+        return {stream_id for stream_id, flag in zip(stream_ids, pipe.execute(), strict=True) if flag == "1"}
+
     def events(self, stream_id: str, after: int = 0) -> list[StreamEvent]:
         pipe = self._redis.pipeline(transaction=True)
         pipe.exists(self.meta_key(stream_id))

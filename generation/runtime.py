@@ -46,13 +46,22 @@ def model_names() -> list[str]:
     return available_models(settings.CHAT_MODEL, synthetic_enabled=settings.CHAT_ENABLE_SYNTHETIC)
 
 
-def default_concurrency(spec: ModelSpec) -> int:
+def default_concurrency(spec: ModelSpec, scheduler: str, device: str) -> int:
     """Generations one engine runs at once when GENERATION_MAX_CONCURRENT is unset.
 
-    The synthetic model only sleeps between words, so it runs many streams at once;
-    a real model gains nothing from running two generate() calls side by side.
+    The synthetic model only sleeps between words, so it runs many streams at once. A
+    real model's batch grows with the hardware: a GPU decodes hundreds of rows in about
+    the time of one; two CPU cores still gain up to about 32 (docs/benchmarks.md). Two
+    sequential generate() calls side by side gain nothing.
     """
-    return 1024 if spec.synthetic else 1
+    if spec.synthetic:
+        return 1024
+    if scheduler == "sequential":
+        return 1
+    import torch
+
+    on_gpu = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    return 256 if on_gpu else 32
 
 
 def engine(model: str | None = None) -> Engine:
@@ -72,8 +81,10 @@ def engine(model: str | None = None) -> Engine:
             _engines[name] = Engine(
                 load,
                 store,
+                scheduler=settings.GENERATION_SCHEDULER,
                 max_queue=settings.GENERATION_MAX_QUEUE,
-                max_concurrent=settings.GENERATION_MAX_CONCURRENT or default_concurrency(spec),
+                max_concurrent=settings.GENERATION_MAX_CONCURRENT
+                or default_concurrency(spec, settings.GENERATION_SCHEDULER, settings.CHAT_DEVICE),
                 producer=PRODUCER,
             )
         found = _engines[name]

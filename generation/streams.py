@@ -39,6 +39,7 @@ class StreamStore(Protocol):
     def exists(self, stream_id: str) -> bool: ...
     def cancel(self, stream_id: str) -> bool: ...
     def is_cancelled(self, stream_id: str) -> bool: ...
+    def cancelled_among(self, stream_ids: list[str]) -> set[str]: ...
     def events(self, stream_id: str, after: int = 0) -> list[StreamEvent]: ...
     def read(
         self, stream_id: str, after: int = 0, *, heartbeat_s: float | None = None
@@ -110,6 +111,10 @@ class InMemoryStreamStore:
         with self._lock:
             stream = self._streams.get(stream_id)
             return stream is not None and stream.cancelled
+
+    def cancelled_among(self, stream_ids: list[str]) -> set[str]:
+        with self._lock:
+            return {stream_id for stream_id in stream_ids if (s := self._streams.get(stream_id)) and s.cancelled}
 
     def events(self, stream_id: str, after: int = 0) -> list[StreamEvent]:
         with self._lock:

@@ -93,6 +93,7 @@ def run_check(**env: str) -> subprocess.CompletedProcess:
         ("DJANGO_DEBUG", "maybe"),
         ("GENERATION_MAX_QUEUE", "-1"),
         ("GENERATION_BACKEND", "threads"),
+        ("GENERATION_SCHEDULER", "parallel"),
         ("CHAT_DEVICE", "gpu"),
         ("CHAT_MODEL", "no-such-model"),
         ("CHAT_SYNTHETIC_TOKENS_PER_S", "0"),

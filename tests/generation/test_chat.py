@@ -45,10 +45,8 @@ def test_sign_up_chat_stream_and_the_answer_is_saved(client, real_engine, monkey
 
 def test_follow_up_prompt_carries_the_conversation_history(alice, alice_client, fast_engine, monkeypatch):
     seen: list[list[dict]] = []
-    original = fast_engine.generator.generate
-    monkeypatch.setattr(
-        fast_engine.generator, "generate", lambda messages, *a: seen.append(messages) or original(messages, *a)
-    )
+    original = fast_engine.submit
+    monkeypatch.setattr(fast_engine, "submit", lambda job: seen.append(job.prompt) or original(job))
     alice_client.post(reverse("generation:chat"), {"prompt": "First"}, **HTMX)
     conversation = Conversation.objects.get(user=alice)
     wait_for_terminal(fast_engine.store, conversation.messages.last().stream_id)

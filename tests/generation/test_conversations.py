@@ -38,13 +38,13 @@ def fast_engine(stream_store):
 def seen(fast_engine, monkeypatch) -> list[tuple[list[dict], object]]:
     """What the model was given: (messages, params) for each generation."""
     calls: list[tuple[list[dict], object]] = []
-    original = fast_engine.generator.generate
+    original = fast_engine.submit
 
-    def generate(messages, params, *args):
-        calls.append((messages, params))
-        return original(messages, params, *args)
+    def submit(job):
+        calls.append((job.prompt, job.params))
+        return original(job)
 
-    monkeypatch.setattr(fast_engine.generator, "generate", generate)
+    monkeypatch.setattr(fast_engine, "submit", submit)
     return calls
 
 

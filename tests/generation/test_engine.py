@@ -90,8 +90,8 @@ def test_job_cancelled_while_queued_never_runs():
     engine.cancel("second")
     events = wait_for_terminal(store, "second")
     engine.stop(5)
-    assert [e.type for e in events] == ["done"]
-    assert events[0].data["status"] == "stopped"
+    assert [e.type for e in events] == ["status", "status", "done"]  # queued, its turn, ended
+    assert events[-1].data["status"] == "stopped" and events[-1].data["usage"]["completion_tokens"] == 0
 
 
 def test_queue_refuses_beyond_its_bound():
@@ -102,14 +102,14 @@ def test_queue_refuses_beyond_its_bound():
         release.wait(10)
         return SyntheticGenerator(tokens_per_s=1000, answer_words=1)
 
-    engine = Engine(slow_load, store, max_queue=2)
-    engine.submit(Job("a", PROMPT))
-    engine.submit(Job("b", PROMPT))
+    engine = Engine(slow_load, store, max_concurrent=1, max_queue=2)
+    for name in ("a", "b", "c"):  # one to run once the model is there, two waiting
+        engine.submit(Job(name, PROMPT))
     with pytest.raises(EngineOverloaded):
-        engine.submit(Job("c", PROMPT))
-    assert not store.exists("c")
+        engine.submit(Job("d", PROMPT))
+    assert not store.exists("d")
     release.set()
-    assert wait_for_terminal(store, "b")[-1].type == "done"
+    assert wait_for_terminal(store, "c")[-1].type == "done"
     engine.stop(5)
 
 

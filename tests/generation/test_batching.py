@@ -1,0 +1,175 @@
+"""Batched decoding: generations that share forward passes each get what they would alone."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from generation.batching import Sequence
+from generation.engine import Engine, EngineOverloaded, Job
+from generation.generators import GenerationParams, SyntheticGenerator
+from generation.streams import InMemoryStreamStore
+from tests.conftest import install_engine, wait_for_terminal, wait_until
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain photosynthesis in two sentences.",
+    "Why is the sky blue?",
+    "Tell me a joke about cats.",
+]
+
+
+def chat(prompt: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": prompt}]
+
+
+def greedy(max_tokens: int, **kwargs) -> GenerationParams:
+    return GenerationParams(max_tokens=max_tokens, temperature=0, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def alone(smollm):
+    """Each prompt's greedy answer from a plain generate() call of its own."""
+    answers: dict[tuple[str, int], str] = {}
+
+    def answer(prompt: str, max_tokens: int) -> str:
+        if (prompt, max_tokens) not in answers:
+            pieces: list[str] = []
+            smollm.generate(chat(prompt), greedy(max_tokens), pieces.append, lambda: False)
+            answers[prompt, max_tokens] = "".join(pieces)
+        return answers[prompt, max_tokens]
+
+    return answer
+
+
+@pytest.fixture
+def batched_engine(stream_store, smollm):
+    engine = install_engine(stream_store, smollm, scheduler="batched", max_concurrent=8)
+    yield engine
+    engine.stop(timeout=60)
+
+
+def streamed_text(store: InMemoryStreamStore, stream_id: str) -> tuple[str, dict]:
+    events = wait_for_terminal(store, stream_id, timeout=120)
+    return "".join(e.data["delta"] for e in events if e.type == "token"), events[-1].data
+
+
+def test_batched_greedy_output_equals_each_generation_alone(batched_engine, alone):
+    for n, prompt in enumerate(PROMPTS):
+        batched_engine.submit(Job(f"s{n}", chat(prompt), greedy(24)))
+    for n, prompt in enumerate(PROMPTS):
+        text, done = streamed_text(batched_engine.store, f"s{n}")
+        assert text == alone(prompt, 24)
+        assert done["status"] == "complete"
+
+
+def test_the_batch_really_shares_steps(smollm):
+    """Three rows take about as many steps as the longest of them, not the sum."""
+    batch = smollm.open_batch()
+    texts: list[list[str]] = [[], [], []]
+    for n, prompt in enumerate(PROMPTS[1:4]):  # answers longer than 8 tokens
+        batch.add(Sequence(chat(prompt), greedy(8), texts[n].append, lambda: False))
+    steps, finished = 0, []
+    while len(batch):
+        finished += batch.step()
+        steps += 1
+    assert steps == 8 and len(finished) == 3
+    assert all(outcome.completion_tokens == 8 and outcome.finish_reason == "length" for _, outcome in finished)
+
+
+def test_a_generation_joining_mid_batch_disturbs_no_one(batched_engine, alone):
+    store = batched_engine.store
+    batched_engine.submit(Job("first", chat(PROMPTS[2]), greedy(40)))
+    wait_until(lambda: sum(e.type == "token" for e in store.events("first")) >= 10, timeout=60)
+    batched_engine.submit(Job("joiner", chat(PROMPTS[0]), greedy(20)))
+    first, _ = streamed_text(store, "first")
+    joiner, _ = streamed_text(store, "joiner")
+    assert first == alone(PROMPTS[2], 40)
+    assert joiner == alone(PROMPTS[0], 20)
+
+
+def test_a_generation_cancelled_mid_batch_leaves_the_others_intact(batched_engine, alone):
+    store = batched_engine.store
+    for name, prompt in (("a", PROMPTS[1]), ("b", PROMPTS[3]), ("c", PROMPTS[4])):
+        batched_engine.submit(Job(name, chat(prompt), greedy(32)))
+    wait_until(lambda: sum(e.type == "token" for e in store.events("b")) >= 5, timeout=60)
+    batched_engine.cancel("b")
+    b, b_done = streamed_text(store, "b")
+    assert b_done["finish_reason"] == "cancelled" and b_done["usage"]["completion_tokens"] < 32
+    assert alone(PROMPTS[3], 32).startswith(b)
+    assert streamed_text(store, "a")[0] == alone(PROMPTS[1], 32)
+    assert streamed_text(store, "c")[0] == alone(PROMPTS[4], 32)
+
+
+def test_stop_sequences_and_max_tokens_hold_per_generation(batched_engine, alone):
+    full = alone(PROMPTS[2], 32)
+    stop = full.split()[4]  # a word from the middle of the answer
+    batched_engine.submit(Job("stopped", chat(PROMPTS[2]), greedy(32, stop=(stop,))))
+    batched_engine.submit(Job("short", chat(PROMPTS[1]), greedy(5)))
+    batched_engine.submit(Job("plain", chat(PROMPTS[4]), greedy(32)))
+
+    stopped, stopped_done = streamed_text(batched_engine.store, "stopped")
+    assert stopped == full[: full.index(stop)] and stopped_done["finish_reason"] == "stop"
+    short, short_done = streamed_text(batched_engine.store, "short")
+    assert short_done["usage"]["completion_tokens"] == 5 and short_done["finish_reason"] == "length"
+    assert short == alone(PROMPTS[1], 5)
+    assert streamed_text(batched_engine.store, "plain")[0] == alone(PROMPTS[4], 32)
+
+
+def test_sampling_with_a_seed_repeats_whatever_else_is_in_the_batch(batched_engine):
+    seeded = GenerationParams(max_tokens=16, temperature=0.9, top_p=0.9, seed=7)
+    batched_engine.submit(Job("alone", chat(PROMPTS[4]), seeded))
+    alone_text, _ = streamed_text(batched_engine.store, "alone")
+    batched_engine.submit(Job("other", chat(PROMPTS[0]), GenerationParams(max_tokens=16, temperature=1.2, seed=1)))
+    batched_engine.submit(Job("again", chat(PROMPTS[4]), seeded))
+    again_text, _ = streamed_text(batched_engine.store, "again")
+    other_text, _ = streamed_text(batched_engine.store, "other")
+    assert again_text == alone_text and other_text
+
+
+def test_multibyte_characters_are_never_split(smollm):
+    text = "Crème brûlée, 日本語, and a globe 🌍 — fine."
+    decoder = smollm.token_text()
+    pieces = [piece for token in smollm.tokenizer(text)["input_ids"] if (piece := decoder.step(token))]
+    assert "".join(pieces) == text
+    assert not any("\ufffd" in piece for piece in pieces)
+
+
+def test_queue_refuses_beyond_its_bound_and_tells_waiters_their_place():
+    store = InMemoryStreamStore()
+    engine = Engine(lambda: SyntheticGenerator(tokens_per_s=20), store, max_concurrent=2, max_queue=2)
+    for name, length in (("a", 5), ("b", 10), ("c", 5), ("d", 5)):  # a ends first, then b
+        engine.submit(Job(name, chat("hi"), GenerationParams(max_tokens=length)))
+    with pytest.raises(EngineOverloaded):
+        engine.submit(Job("e", chat("hi")))
+    assert not store.exists("e")
+    wait_until(lambda: engine.active == 2, timeout=5)
+    assert engine.queued == 2
+    for name in ("a", "b", "c", "d"):
+        wait_for_terminal(store, name)
+    engine.stop(5)
+
+    def statuses(name: str) -> list[dict]:
+        return [e.data for e in store.events(name) if e.type == "status"]
+
+    assert statuses("a") == statuses("b") == []
+    assert statuses("c") == [{"state": "queued", "ahead": 0}, {"state": "running"}]
+    assert statuses("d") == [{"state": "queued", "ahead": 1}, {"state": "queued", "ahead": 0}, {"state": "running"}]
+    # Status events come before the answer's tokens.
+    types = [e.type for e in store.events("d")]
+    assert types.index("token") > max(i for i, kind in enumerate(types) if kind == "status")
+
+
+def test_synthetic_batch_keeps_its_rate_for_many_streams():
+    store = InMemoryStreamStore()
+    engine = Engine(lambda: SyntheticGenerator(tokens_per_s=100), store, max_concurrent=200)
+    started = time.monotonic()
+    for n in range(200):
+        engine.submit(Job(f"s{n}", chat("hi"), GenerationParams(max_tokens=20)))
+    for n in range(200):
+        assert wait_for_terminal(store, f"s{n}")[-1].data["usage"]["completion_tokens"] == 20
+    elapsed = time.monotonic() - started
+    engine.stop(5)
+    assert 0.19 < elapsed < 1.5  # 20 words at 100/s each, all 200 side by side
