@@ -31,7 +31,7 @@ from generation.engine import EngineOverloaded
 from generation.generators import GenerationParams, Prompt
 from generation.openapi import openapi_document
 from generation.services import generation_start
-from generation.streams import StreamEvent, StreamNotFound, coalesced, sse_comment, sse_event
+from generation.streams import StreamEvent, StreamNotFound, coalesced, sse_event
 
 HEARTBEAT_S = 15.0
 BUSY_RETRY_AFTER_S = 5
@@ -260,11 +260,33 @@ def openai_finish_reason(finish_reason: str) -> str:
     return "length" if finish_reason == "length" else "stop"
 
 
+def comment_line(text: str) -> bytes:
+    """An SSE comment line, with no blank line after it.
+
+    A blank line ends an event. After a comment it ends one with no data, which the
+    spec says to drop, but the openai Python client dispatches it once the stream has
+    sent an `id:` and then fails to parse its empty data (openai/openai-python#2722).
+    """
+    return f": {text}\n".encode()
+
+
+def status_comment(data: dict[str, Any]) -> bytes:
+    """A wait in the queue as a comment line: people reading the raw stream see it, clients skip it."""
+    if data.get("state") == "queued":
+        return comment_line(f"queued, {data['ahead']} ahead")
+    return comment_line(str(data.get("state", "status")))
+
+
 def completion_events(completion: Completion, events: list[StreamEvent], *, include_usage: bool) -> bytes:
-    """Format a batch of stream events as OpenAI SSE chunks; consecutive tokens coalesce."""
+    """Format a batch of stream events as OpenAI SSE chunks; consecutive tokens coalesce.
+
+    `status` events become comment lines: OpenAI clients must see no chunk they don't know.
+    """
     out: list[bytes] = []
     for event in coalesced(events):
-        if event.type == "token":
+        if event.type == "status":
+            out.append(status_comment(event.data))
+        elif event.type == "token":
             out.append(sse_event(completion.chunk(content=event.data["delta"]), id=event.seq))
         elif event.type == "done":
             reason = openai_finish_reason(event.data["finish_reason"])
@@ -348,14 +370,14 @@ async def _whole_completion(completion: Completion) -> HttpResponseBase:
     finished = False
     try:
         async for batch in store.read(completion.stream_id):
-            for event in batch:
+            for event in batch:  # status events (a wait in the queue) change nothing here
                 if event.type == "token":
                     pieces.append(event.data["delta"])
                 elif event.type == "done":
                     finished = True
                     reason = openai_finish_reason(event.data["finish_reason"])
                     return JsonResponse(completion.whole("".join(pieces), reason, event.data["usage"]))
-                else:
+                elif event.type == "error":
                     finished = True
                     raise ApiError(500, event.data.get("message", "Generation failed."), code="generation_failed")
         raise ApiError(500, "The generation ended without a result.", code="generation_failed")
@@ -386,7 +408,7 @@ async def _sse_chunks(
             yield sse_event(completion.chunk(role=True, content=""), id=0)
         async for batch in store.read(completion.stream_id, after, heartbeat_s=HEARTBEAT_S):
             if not batch:
-                yield sse_comment("ping")
+                yield comment_line("ping")
                 continue
             finished = batch[-1].terminal
             yield completion_events(completion, batch, include_usage=include_usage)

@@ -1,8 +1,11 @@
 """The browser's SSE stream of one answer, read from the stream store.
 
-Events: `token` (JSON `{"delta": …}`, consecutive tokens coalesced, `id:` = last
-sequence number) and one final `done` carrying the saved answer's HTML fragment,
-which the page swaps in. `Last-Event-ID` or `?after=` resumes after that event.
+Events, each with `id:` = its sequence number: `status` (JSON `{"state": "queued",
+"ahead": N}` while the answer waits for room, N generations ahead of it, then
+`{"state": "running"}` once it starts; none for an answer that starts at once), `token`
+(JSON `{"delta": …}`; consecutive tokens coalesced, `id:` = the last one's), and one
+final `done` carrying the saved answer's HTML fragment, which the page swaps in.
+`Last-Event-ID` or `?after=` resumes after that event.
 """
 
 from __future__ import annotations
@@ -39,10 +42,16 @@ SSE_HEADERS = [
 ]
 
 
-def token_events(events: Iterable[StreamEvent]) -> bytes:
-    """The token events as SSE, one event per run of consecutive tokens."""
+# The events the page handles itself; the terminal one is rendered by the consumer.
+BROWSER_EVENTS = frozenset({"status", "token"})
+
+
+def answer_events(events: Iterable[StreamEvent]) -> bytes:
+    """The status and token events as SSE, in order, one event per run of consecutive tokens."""
     return b"".join(
-        sse_event(event.data, event="token", id=event.seq) for event in coalesced(events) if event.type == "token"
+        sse_event(event.data, event=event.type, id=event.seq)
+        for event in coalesced(events)
+        if event.type in BROWSER_EVENTS
     )
 
 
@@ -119,7 +128,7 @@ class ChatStreamConsumer(AsyncHttpConsumer):
                         raise StreamNotFound(stream_id)  # its producer died: nothing more will come
                     await self.send_body(sse_comment("ping"), more_body=True)
                     continue
-                body = token_events(batch)
+                body = answer_events(batch)
                 if batch[-1].terminal:
                     body += await self._final_event(message.pk, batch[-1].seq)
                 await self.send_body(body, more_body=True)
@@ -139,7 +148,9 @@ class ChatSocketConsumer(AsyncJsonWebsocketConsumer):
     """One conversation over a WebSocket: the same streams as SSE, plus cancel.
 
     In: `{"type": "generate", "prompt": …}`, `{"type": "cancel"}`.
-    Out: `{"type": "started", "message_id", "stream_id"}`, `{"type": "token", "seq", "delta"}`,
+    Out: `{"type": "started", "message_id", "stream_id"}`; while the answer waits for room,
+    `{"type": "status", "seq", "state": "queued", "ahead"}` (generations ahead of it) and
+    then `{"type": "status", "seq", "state": "running"}`; `{"type": "token", "seq", "delta"}`;
     then `{"type": "done", "seq", …}` or `{"type": "error", "seq"?, "message"}`.
     Closing the socket does not stop the generation (like a browser reload).
     """

@@ -342,17 +342,37 @@ class Engine:
                 self._job_ready.wait()
             taken = [self._jobs.popleft() for _ in range(min(count, len(self._jobs)))]
             self.active += len(taken)
-            news: list[tuple[str, dict[str, Any]]] = [
-                (job.stream_id, {"state": "running"}) for job in taken if job.ahead is not None
-            ]
-            for index, job in enumerate(self._jobs):
-                ahead = self.active + index - self.max_concurrent
-                if job.ahead is not None and ahead != job.ahead:
-                    job.ahead = ahead
-                    news.append((job.stream_id, {"state": "queued", "ahead": max(ahead, 0)}))
+            news = [(job.stream_id, {"state": "running"}) for job in taken if job.ahead is not None]
+            news += self._places_changed()
+        self._publish_status(news)
+        return taken
+
+    def _withdraw_cancelled(self, stream_ids: set[str]) -> None:
+        """End the waiting jobs among these at once, without waiting for their turn."""
+        with self._lock:
+            gone = [job for job in self._jobs if job.stream_id in stream_ids]
+            for job in gone:
+                self._jobs.remove(job)
+            news = self._places_changed()
+            self.active += len(gone)  # never ran, but _end() counts them out like the others
+        self._publish_status(news)
+        for job in gone:
+            run = _Run(job, self)
+            self._finish(run, run.cancelled_before_start())
+
+    def _places_changed(self) -> list[tuple[str, dict[str, Any]]]:
+        """Status news for the waiting jobs whose place changed; called with the lock held."""
+        news: list[tuple[str, dict[str, Any]]] = []
+        for index, job in enumerate(self._jobs):
+            ahead = max(self.active + index - self.max_concurrent, 0)
+            if job.ahead is not None and ahead != job.ahead:
+                job.ahead = ahead
+                news.append((job.stream_id, {"state": "queued", "ahead": ahead}))
+        return news
+
+    def _publish_status(self, news: list[tuple[str, dict[str, Any]]]) -> None:
         for stream_id, data in news:
             self._append_quietly(stream_id, "status", data)
-        return taken
 
     def _work(self) -> None:
         """A sequential worker: one generate() call at a time."""
@@ -394,8 +414,13 @@ class Engine:
             try:
                 # One look at every row's cancel flag per step, instead of one per row.
                 by_stream = {run.job.stream_id: run for run in runs.values()}
-                for stream_id in self.store.cancelled_among(list(by_stream)):
+                with self._lock:
+                    waiting = [job.stream_id for job in self._jobs]
+                cancelled = self.store.cancelled_among([*by_stream, *waiting])
+                for stream_id in cancelled & by_stream.keys():
                     by_stream[stream_id].cancelled = True
+                if cancelled - by_stream.keys():
+                    self._withdraw_cancelled(cancelled)
                 finished = batch.step()
             except Exception as error:
                 logger.exception("A batched decoding step failed; ending its %d generations", len(runs))

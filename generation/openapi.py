@@ -43,7 +43,10 @@ def openapi_document() -> dict[str, Any]:
             "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}},
         }
 
-    streamed = "A JSON object, or with stream=true a text/event-stream of chunks ending with data: [DONE]"
+    streamed = (
+        "A JSON object, or with stream=true a text/event-stream of chunks ending with data: [DONE]; "
+        "while the request waits for room, comment lines say so (': queued, N ahead', then ': running')"
+    )
     schemas: dict[str, Any] = {
         "Error": {
             "type": "object",

@@ -1,6 +1,7 @@
-// Streaming answers: tokens arrive as SSE "token" events carrying JSON {"delta": "..."}.
-// They are appended as text nodes (never parsed as HTML); the final "done" event is
-// swapped in by htmx as the saved, server-rendered answer.
+// Streaming answers: while one waits for room, SSE "status" events carry its place in
+// the queue ({"state": "queued", "ahead": N}, then {"state": "running"}); then "token"
+// events carry JSON {"delta": "..."}, appended as text nodes (never parsed as HTML); the
+// final "done" event is swapped in by htmx as the saved, server-rendered answer.
 (function () {
   "use strict";
 
@@ -8,15 +9,27 @@
     return Number(article.dataset.lastSeq || 0);
   }
 
+  function waitingWords(status) {
+    if (status.state !== "queued") return "";
+    return status.ahead > 0 ? "Waiting \u2014 " + status.ahead + " ahead" : "Waiting \u2014 next in line";
+  }
+
   document.addEventListener("htmx:sseBeforeMessage", function (event) {
     var message = event.detail;
-    if (message.type !== "token") return;
-    event.preventDefault(); // no htmx swap: append text ourselves
+    if (message.type !== "token" && message.type !== "status") return;
+    event.preventDefault(); // no htmx swap: update the answer ourselves
     var article = event.target.closest("article");
     var seq = Number(message.lastEventId);
     if (seq && seq <= lastSeq(article)) return; // already shown (replayed after a reconnect)
     article.dataset.lastSeq = seq;
-    event.target.append(document.createTextNode(JSON.parse(message.data).delta));
+    var data = JSON.parse(message.data);
+    var statusLine = article.querySelector("[data-stream-status]");
+    if (message.type === "status") {
+      if (statusLine) statusLine.textContent = waitingWords(data);
+      return;
+    }
+    if (statusLine) statusLine.textContent = ""; // it runs: no longer waiting
+    article.querySelector("[data-stream-text]").append(document.createTextNode(data.delta));
   });
 
   // When the SSE extension reconnects it opens a new EventSource, which sends no

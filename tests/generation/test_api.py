@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import json
 
+import httpx
+import openai
 import pytest
+from asgiref.sync import sync_to_async
+from django.core.asgi import get_asgi_application
 from django.test import Client
 
 from accounts.models import Account, UsageRecord
 from accounts.services import account_for, api_key_create
+from generation.api import Completion, completion_events
 from generation.engine import EngineOverloaded
-from generation.generators import SYNTHETIC_TEXT
-from tests.conftest import wait_for_terminal
+from generation.generators import SYNTHETIC_TEXT, SyntheticGenerator
+from generation.streams import StreamEvent
+from tests.conftest import install_engine, wait_for_terminal
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -255,6 +261,83 @@ def test_full_queue_is_503_with_retry_after(alice_key, fast_engine, monkeypatch)
     response = post("/v1/chat/completions", CHAT, alice_key)
     assert_error(response, 503, "server_overloaded")
     assert response["Retry-After"]
+
+
+@pytest.fixture
+def one_at_a_time(stream_store):
+    """An engine that runs one generation at a time: the next one waits in the queue."""
+    engine = install_engine(stream_store, SyntheticGenerator(tokens_per_s=200), max_concurrent=1)
+    yield engine
+    engine.stop(10)
+
+
+def start_bobs_stream(bob_key: str, max_tokens: int) -> str:
+    """Bob's resumable stream, started and not read: it generates on. Returns its stream id."""
+    body = {**CHAT, "stream": True, "max_tokens": max_tokens, "stream_options": {"resumable": True}}
+    assert post("/v1/chat/completions", body, bob_key).status_code == 200
+    return UsageRecord.objects.get(user__username="bob").stream_id
+
+
+def test_a_waiting_stream_tells_its_place_in_comment_lines_only(alice_key, bob_key, one_at_a_time):
+    bobs = start_bobs_stream(bob_key, max_tokens=1000)
+    response = post("/v1/chat/completions", {**CHAT, "stream": True, "max_tokens": 4}, alice_key)
+    one_at_a_time.store.cancel(bobs)  # bob's answer stops: alice's runs
+
+    body = b"".join(response).decode()
+
+    lines = body.splitlines()
+    assert lines[3:5] == [": queued, 0 ahead", ": running"]  # after the role chunk, before any content
+    assert lines[5].startswith("id: ")  # a comment line ends no event: no blank line after it
+    data = [line.removeprefix("data: ") for line in lines if line.startswith("data:")]
+    assert data[-1] == "[DONE]"
+    chunks = [json.loads(item) for item in data[:-1]]
+    assert {chunk["object"] for chunk in chunks} == {"chat.completion.chunk"}  # nothing a client doesn't know
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert text == " ".join(SYNTHETIC_TEXT.split()[:4])
+
+
+def test_a_queued_non_streaming_completion_waits_and_answers(alice, alice_key, bob_key, one_at_a_time):
+    start_bobs_stream(bob_key, max_tokens=100)  # half a second ahead of alice's
+
+    response = post("/v1/chat/completions", {**CHAT, "max_tokens": 3}, alice_key)
+
+    assert response.status_code == 200, response.content
+    assert response.json()["choices"][0]["message"]["content"] == " ".join(SYNTHETIC_TEXT.split()[:3])
+    events = one_at_a_time.store.events(UsageRecord.objects.get(user=alice).stream_id)
+    assert [e.data for e in events if e.type == "status"] == [{"state": "queued", "ahead": 0}, {"state": "running"}]
+
+
+async def test_the_openai_client_streams_a_queued_completion_without_seeing_its_status(
+    alice_key, bob_key, one_at_a_time
+):
+    await sync_to_async(start_bobs_stream)(bob_key, max_tokens=100)
+    transport = httpx.ASGITransport(app=get_asgi_application())  # Django in this process; reads whole responses
+    client = openai.AsyncOpenAI(
+        base_url="http://testserver/v1", api_key=alice_key, http_client=httpx.AsyncClient(transport=transport)
+    )
+
+    stream = await client.chat.completions.create(model=MODEL, messages=CHAT["messages"], stream=True, max_tokens=5)
+    chunks = [chunk async for chunk in stream]
+
+    assert all(chunk.object == "chat.completion.chunk" for chunk in chunks)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == " ".join(SYNTHETIC_TEXT.split()[:5])
+    assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["length"]
+    record = await UsageRecord.objects.aget(user__username="alice")
+    statuses = [e.type for e in one_at_a_time.store.events(record.stream_id) if e.type == "status"]
+    assert statuses == ["status", "status"]  # it did wait: the client skipped both
+
+
+def test_status_events_become_comments_between_chunks():
+    completion = Completion(kind="text", stream_id="s", model=MODEL, created=0)
+    events = [
+        StreamEvent(1, "status", {"state": "queued", "ahead": 2}),
+        StreamEvent(2, "status", {"state": "queued", "ahead": 1}),
+        StreamEvent(3, "status", {"state": "running"}),
+        StreamEvent(4, "token", {"delta": "Hi"}),
+    ]
+    lines = completion_events(completion, events, include_usage=False).decode().split("\n")
+    assert lines[:4] == [": queued, 2 ahead", ": queued, 1 ahead", ": running", "id: 4"]
+    assert json.loads(lines[4].removeprefix("data: "))["choices"][0]["text"] == "Hi" and lines[5:] == ["", ""]
 
 
 def test_resume_after_an_event_replays_the_rest(alice_key, fast_engine):

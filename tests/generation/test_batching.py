@@ -173,3 +173,22 @@ def test_synthetic_batch_keeps_its_rate_for_many_streams():
     elapsed = time.monotonic() - started
     engine.stop(5)
     assert 0.19 < elapsed < 1.5  # 20 words at 100/s each, all 200 side by side
+
+
+def test_a_waiting_generation_cancelled_leaves_the_queue_at_once():
+    store = InMemoryStreamStore()
+    engine = Engine(lambda: SyntheticGenerator(tokens_per_s=20), store, max_concurrent=1)
+    for name in ("running", "first", "second"):
+        engine.submit(Job(name, chat("hi"), GenerationParams(max_tokens=40)))  # 2 s each
+    wait_until(lambda: engine.active == 1 and engine.queued == 2, timeout=5)
+
+    store.cancel("first")  # as Stop does, from any process
+    done = wait_for_terminal(store, "first", timeout=1)[-1]
+
+    assert done.data["finish_reason"] == "cancelled" and done.data["usage"]["completion_tokens"] == 0
+    assert not store.events("running")[-1].terminal  # the running one goes on
+    assert store.events("second")[-1].data == {"state": "queued", "ahead": 0}  # and "second" moved up
+    store.cancel("running")
+    store.cancel("second")
+    wait_for_terminal(store, "second")
+    engine.stop(5)

@@ -3,15 +3,17 @@ from __future__ import annotations
 import json
 
 import pytest
+from asgiref.sync import sync_to_async
 from channels.routing import URLRouter
 from channels.testing import HttpCommunicator
 from django.conf import settings
 
 from generation import routing, services
-from generation.consumers import resume_point, token_events
+from generation.consumers import answer_events, resume_point
+from generation.generators import SyntheticGenerator
 from generation.models import Conversation, Message
 from generation.streams import StreamEvent
-from tests.conftest import wait_for_terminal
+from tests.conftest import install_engine, wait_for_terminal
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -48,6 +50,28 @@ def parse_sse(body: bytes) -> list[dict]:
             fields["data"] = "\n".join(fields["data"])
             events.append(fields)
     return events
+
+
+def answer_in_new_conversation(user, *, max_tokens: int) -> Message:
+    conversation = services.conversation_create(user=user)
+    conversation.max_tokens = max_tokens
+    conversation.save(update_fields=["max_tokens"])
+    return services.message_send(conversation=conversation, prompt="Hello there")[1]
+
+
+@pytest.fixture
+def queue(alice, bob, stream_store):
+    """One generation at a time: bob's long answer runs while two of alice's wait behind it."""
+    engine = install_engine(stream_store, SyntheticGenerator(tokens_per_s=200), max_concurrent=1)
+    answers = [
+        answer_in_new_conversation(bob, max_tokens=1000),
+        answer_in_new_conversation(alice, max_tokens=4),
+        answer_in_new_conversation(alice, max_tokens=4),
+    ]
+    yield answers
+    for answer in answers:
+        stream_store.cancel(answer.stream_id)
+    engine.stop(10)
 
 
 @pytest.fixture
@@ -131,13 +155,79 @@ async def test_answer_whose_stream_is_gone_is_settled_as_interrupted(alice, alic
     assert orphan.status == "interrupted" and orphan.content == "Half an ans"
 
 
-def test_token_events_coalesce_runs_and_keep_the_last_sequence_number():
-    events = [
-        StreamEvent(1, "token", {"delta": "a"}),
-        StreamEvent(2, "token", {"delta": "b"}),
-        StreamEvent(3, "done", {}),
+async def test_waiting_answer_hears_its_place_in_the_queue_live_then_streams(alice_client, queue, stream_store):
+    running, _, third = queue
+    communicator = HttpCommunicator(application, "GET", third.get_stream_url(), headers=session_headers(alice_client))
+    await communicator.send_input({"type": "http.request", "body": b""})
+    try:
+        assert (await communicator.receive_output(5))["status"] == 200
+        body = b""
+        while b"event: status" not in body:
+            body += (await communicator.receive_output(5))["body"]
+        waiting = parse_sse(body)
+
+        await sync_to_async(stream_store.cancel)(running.stream_id)  # bob's answer stops: the queue moves
+        while (chunk := await communicator.receive_output(10)).get("more_body"):
+            body += chunk["body"]
+    finally:
+        await communicator.send_input({"type": "http.disconnect"})
+        await communicator.wait()
+
+    assert waiting == [{"data": '{"state":"queued","ahead":1}', "id": "1", "event": "status"}]
+    events = parse_sse(body)
+    kinds = [e["event"] for e in events]
+    assert kinds == ["status", "status", "status", *["token"] * (len(events) - 4), "done"]
+    assert [json.loads(e["data"]) for e in events[:3]] == [
+        {"state": "queued", "ahead": 1},
+        {"state": "queued", "ahead": 0},
+        {"state": "running"},
     ]
-    assert token_events(events) == b'id: 2\nevent: token\ndata: {"delta":"ab"}\n\n'
+    assert [int(e["id"]) for e in events[:3]] == [1, 2, 3] and int(events[-1]["id"]) == 8
+    saved = await Message.objects.aget(pk=third.pk)
+    assert "".join(json.loads(e["data"])["delta"] for e in events[3:-1]) == saved.content
+    assert saved.status == "complete" and saved.completion_tokens == 4
+
+
+async def test_late_and_resumed_readers_get_the_status_events_in_order(alice_client, queue, stream_store):
+    running, _, third = queue
+    await sync_to_async(stream_store.cancel)(running.stream_id)
+    await sync_to_async(wait_for_terminal)(stream_store, third.stream_id)
+    headers = session_headers(alice_client)
+
+    late = parse_sse((await get_stream(third.get_stream_url(), headers))["body"])
+    resumed = parse_sse((await get_stream(third.get_stream_url() + "?after=2", headers))["body"])
+
+    assert [(e["event"], e["id"]) for e in late] == [
+        ("status", "1"),
+        ("status", "2"),
+        ("status", "3"),
+        ("token", "7"),
+        ("done", "8"),
+    ]
+    assert [(e["event"], e["id"]) for e in resumed] == [("status", "3"), ("token", "7"), ("done", "8")]
+    assert json.loads(resumed[0]["data"]) == {"state": "running"}
+    assert json.loads(resumed[1]["data"])["delta"] == (await Message.objects.aget(pk=third.pk)).content
+
+
+async def test_an_answer_that_starts_at_once_gets_no_status_events(alice_client, answer, fast_engine):
+    events = parse_sse((await get_stream(answer.get_stream_url(), session_headers(alice_client)))["body"])
+    assert [e["event"] for e in events] == ["token", "done"]
+    assert fast_engine.store.events(answer.stream_id)[0].type == "token"
+
+
+def test_answer_events_coalesce_token_runs_around_status_events_in_order():
+    events = [
+        StreamEvent(1, "status", {"state": "queued", "ahead": 1}),
+        StreamEvent(2, "status", {"state": "running"}),
+        StreamEvent(3, "token", {"delta": "a"}),
+        StreamEvent(4, "token", {"delta": "b"}),
+        StreamEvent(5, "done", {}),
+    ]
+    assert answer_events(events) == (
+        b'id: 1\nevent: status\ndata: {"state":"queued","ahead":1}\n\n'
+        b'id: 2\nevent: status\ndata: {"state":"running"}\n\n'
+        b'id: 4\nevent: token\ndata: {"delta":"ab"}\n\n'
+    )
 
 
 def test_resume_point_prefers_the_query_over_the_header():

@@ -8,10 +8,23 @@ import pytest
 from generation.engine import Engine, EngineOverloaded, GenerationResult, Job
 from generation.generators import GenerationParams, SyntheticGenerator
 from generation.streams import InMemoryStreamStore
-from tests.conftest import wait_for_terminal, wait_until
+from tests.conftest import install_engine, wait_for_terminal, wait_until
 
 GREEDY = GenerationParams(max_tokens=12, temperature=0)
 PROMPT = [{"role": "user", "content": "Name three colours."}]
+
+
+@pytest.fixture(params=["batched", "sequential"], autouse=True)
+def scheduler(request) -> str:
+    """Every engine test runs under both schedulers."""
+    return request.param
+
+
+@pytest.fixture
+def real_engine(stream_store, smollm, scheduler):
+    engine = install_engine(stream_store, smollm, scheduler=scheduler, max_concurrent=4)
+    yield engine
+    engine.stop(timeout=30)
 
 
 def test_greedy_generation_streams_numbered_tokens_then_one_done(real_engine, smollm):
@@ -71,9 +84,14 @@ def test_cancel_stops_generation_within_a_step(real_engine):
     assert finished[0].text == "".join(e.data["delta"] for e in events[:-1])
 
 
-def test_progress_is_saved_while_streaming():
+def test_progress_is_saved_while_streaming(scheduler):
     store = InMemoryStreamStore()
-    engine = Engine(lambda: SyntheticGenerator(tokens_per_s=200, answer_words=40), store, progress_interval_s=0.05)
+    engine = Engine(
+        lambda: SyntheticGenerator(tokens_per_s=200, answer_words=40),
+        store,
+        progress_interval_s=0.05,
+        scheduler=scheduler,
+    )
     saved: list[str] = []
     engine.submit(Job("s1", PROMPT, on_progress=saved.append))
     wait_for_terminal(store, "s1")
@@ -82,19 +100,20 @@ def test_progress_is_saved_while_streaming():
     assert all(later.startswith(earlier) for earlier, later in itertools.pairwise(saved))
 
 
-def test_job_cancelled_while_queued_never_runs():
+def test_job_cancelled_while_queued_never_runs(scheduler):
     store = InMemoryStreamStore()
-    engine = Engine(lambda: SyntheticGenerator(tokens_per_s=100, answer_words=20), store)
+    engine = Engine(lambda: SyntheticGenerator(tokens_per_s=100, answer_words=20), store, scheduler=scheduler)
     engine.submit(Job("first", PROMPT))
     engine.submit(Job("second", PROMPT))
     engine.cancel("second")
     events = wait_for_terminal(store, "second")
     engine.stop(5)
-    assert [e.type for e in events] == ["status", "status", "done"]  # queued, its turn, ended
+    # Queued, then ended without a token (batched: at once; sequential: at its turn).
+    assert events[0].data == {"state": "queued", "ahead": 0} and "token" not in {e.type for e in events}
     assert events[-1].data["status"] == "stopped" and events[-1].data["usage"]["completion_tokens"] == 0
 
 
-def test_queue_refuses_beyond_its_bound():
+def test_queue_refuses_beyond_its_bound(scheduler):
     store = InMemoryStreamStore()
     release = threading.Event()
 
@@ -102,7 +121,7 @@ def test_queue_refuses_beyond_its_bound():
         release.wait(10)
         return SyntheticGenerator(tokens_per_s=1000, answer_words=1)
 
-    engine = Engine(slow_load, store, max_concurrent=1, max_queue=2)
+    engine = Engine(slow_load, store, max_concurrent=1, max_queue=2, scheduler=scheduler)
     for name in ("a", "b", "c"):  # one to run once the model is there, two waiting
         engine.submit(Job(name, PROMPT))
     with pytest.raises(EngineOverloaded):
@@ -113,13 +132,13 @@ def test_queue_refuses_beyond_its_bound():
     engine.stop(5)
 
 
-def test_a_model_that_fails_to_load_ends_each_stream_with_an_error():
+def test_a_model_that_fails_to_load_ends_each_stream_with_an_error(scheduler):
     store = InMemoryStreamStore()
 
     def broken_load():
         raise OSError("weights missing")
 
-    engine = Engine(broken_load, store)
+    engine = Engine(broken_load, store, scheduler=scheduler)
     engine.submit(Job("s1", PROMPT))
     events = wait_for_terminal(store, "s1")
     engine.stop(5)
@@ -138,9 +157,9 @@ def test_prompt_longer_than_the_context_is_an_error_event(real_engine, monkeypat
     assert finished[0].status == "error"
 
 
-def test_a_failing_save_callback_still_ends_the_stream():
+def test_a_failing_save_callback_still_ends_the_stream(scheduler):
     store = InMemoryStreamStore()
-    engine = Engine(lambda: SyntheticGenerator(tokens_per_s=1000, answer_words=3), store)
+    engine = Engine(lambda: SyntheticGenerator(tokens_per_s=1000, answer_words=3), store, scheduler=scheduler)
 
     def broken_save(result):
         raise RuntimeError("database down")
@@ -150,9 +169,11 @@ def test_a_failing_save_callback_still_ends_the_stream():
     engine.stop(5)
 
 
-def test_engine_runs_up_to_max_concurrent_jobs_at_once():
+def test_engine_runs_up_to_max_concurrent_jobs_at_once(scheduler):
     store = InMemoryStreamStore()
-    engine = Engine(lambda: SyntheticGenerator(tokens_per_s=20, answer_words=40), store, max_concurrent=4)
+    engine = Engine(
+        lambda: SyntheticGenerator(tokens_per_s=20, answer_words=40), store, max_concurrent=4, scheduler=scheduler
+    )
     for n in range(4):
         engine.submit(Job(f"s{n}", PROMPT))
     wait_until(lambda: engine.active == 4, timeout=5)
@@ -164,9 +185,9 @@ def test_engine_runs_up_to_max_concurrent_jobs_at_once():
     assert engine.active == 0
 
 
-def test_engine_beats_as_its_producer_while_running():
+def test_engine_beats_as_its_producer_while_running(scheduler):
     store = InMemoryStreamStore()
-    engine = Engine(lambda: SyntheticGenerator(tokens_per_s=100), store, producer="web-1")
+    engine = Engine(lambda: SyntheticGenerator(tokens_per_s=100), store, producer="web-1", scheduler=scheduler)
     assert not store.producer_alive("web-1")
     engine.start()
     wait_until(lambda: store.producer_alive("web-1"), timeout=5)

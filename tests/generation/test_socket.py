@@ -7,8 +7,10 @@ from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 
 from generation import routing
+from generation.generators import SyntheticGenerator
 from generation.models import Conversation, Message
-from tests.generation.test_consumers import session_headers
+from tests.conftest import install_engine
+from tests.generation.test_consumers import answer_in_new_conversation, session_headers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -51,6 +53,34 @@ async def test_generate_streams_tokens_then_done_and_saves_the_answer(alice_clie
     assert done["finish_reason"] == "stop" and done["usage"]["completion_tokens"] == 12
     answer = await Message.objects.aget(pk=started["message_id"])
     assert answer.status == "complete" and answer.content == "".join(e["delta"] for e in tokens)
+
+
+async def test_a_waiting_generation_hears_its_place_in_the_queue_then_streams(
+    alice_client, bob, conversation, stream_store
+):
+    engine = await database_sync_to_async(install_engine)(stream_store, SyntheticGenerator(200), max_concurrent=1)
+    ahead = await database_sync_to_async(answer_in_new_conversation)(bob, max_tokens=1000)
+    await Conversation.objects.filter(pk=conversation.pk).aupdate(max_tokens=8)
+    communicator = socket(conversation.id, [*session_headers(alice_client), ORIGIN])
+    await communicator.connect()
+    await communicator.send_json_to({"type": "generate", "prompt": "Wait your turn"})
+    started = await communicator.receive_json_from(timeout=5)
+    waiting = await communicator.receive_json_from(timeout=5)
+
+    await database_sync_to_async(stream_store.cancel)(ahead.stream_id)  # bob's answer stops: alice's runs
+    events = await receive_until_terminal(communicator)
+    await communicator.disconnect()
+    await database_sync_to_async(engine.stop)(10)
+
+    assert started["type"] == "started"
+    assert waiting == {"type": "status", "seq": 1, "state": "queued", "ahead": 0}
+    assert events[0] == {"type": "status", "seq": 2, "state": "running"}
+    tokens, done = events[1:-1], events[-1]
+    assert tokens and {e["type"] for e in tokens} == {"token"} and done["type"] == "done"
+    assert [e["seq"] for e in events] == list(range(2, len(events) + 2))
+    answer = await Message.objects.aget(pk=started["message_id"])
+    assert answer.status == "complete" and answer.completion_tokens == 8
+    assert answer.content == "".join(e["delta"] for e in tokens)
 
 
 async def test_cancel_stops_the_generation(alice_client, conversation, stream_store):
