@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint bench bench-concurrency clean
 
 # Installs are stamped so repeated runs skip them until a requirements file changes.
 $(VENV)/.installed: requirements.txt requirements-models.txt
@@ -16,6 +16,10 @@ $(VENV)/.installed: requirements.txt requirements-models.txt
 
 $(VENV)/.installed-dev: $(VENV)/.installed requirements-dev.txt
 	$(PY) -m pip install -r requirements-dev.txt
+	touch $@
+
+$(VENV)/.installed-bench: $(VENV)/.installed-dev bench/requirements.txt
+	$(PY) -m pip install -r bench/requirements.txt
 	touch $@
 
 run: $(VENV)/.installed
@@ -41,6 +45,20 @@ bench: $(VENV)/.installed-dev
 	$(PY) -m bench.page
 	$(PY) -m bench.redis_latency
 	$(PY) -m bench.fanout
+
+# Concurrent API streams: chatsite's two schedulers and `transformers serve
+# --continuous-batching` (installed once into .cache/peer-venv), each in the default dtype
+# (bfloat16 on this CPU) and float32; then docs/concurrency.png. Run on a quiet machine:
+# about 25 minutes on 2 cores, more the first time.
+bench-concurrency: $(VENV)/.installed-bench
+	$(PY) -m bench.batch_step
+	$(PY) -m bench.batch_step --dtype float32
+	$(PY) -m bench.concurrency --scheduler batched
+	$(PY) -m bench.peer
+	$(PY) -m bench.concurrency --scheduler batched --dtype float32 --label batched-float32
+	$(PY) -m bench.peer --dtype bfloat16
+	$(PY) -m bench.concurrency --scheduler sequential --levels 1,4,8
+	$(PY) -m bench.plot
 
 clean:
 	rm -rf $(VENV) staticfiles .pytest_cache .mypy_cache .ruff_cache

@@ -224,6 +224,7 @@ STORAGES = {
 # Models and generation (DESIGN.md §3-§5).
 CHAT_MODEL = env_str("CHAT_MODEL", "smollm2-135m-instruct").strip()
 CHAT_DEVICE = env_device("CHAT_DEVICE", "auto")
+CHAT_DTYPE = env_choice("CHAT_DTYPE", "auto", ("auto", "float32", "bfloat16", "float16"))
 MODEL_CACHE_DIR = Path(env_str("MODEL_CACHE_DIR", ".cache/models"))
 if not MODEL_CACHE_DIR.is_absolute():
     MODEL_CACHE_DIR = BASE_DIR / MODEL_CACHE_DIR

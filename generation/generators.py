@@ -87,6 +87,15 @@ class TransformersGenerator:
     def count_prompt_tokens(self, prompt: Prompt) -> int:
         return int(self.encode(prompt)["input_ids"].shape[1])
 
+    def template_prefix(self) -> list[int]:
+        """The tokens every chat prompt begins with: the chat template's opening (e.g. its
+        default system prompt) up to the first message's text. Empty without a template."""
+        if not self.tokenizer.chat_template:
+            return []
+        first, second = (self.encode([{"role": "user", "content": text}])["input_ids"][0].tolist() for text in "ab")
+        length = next((n for n, (a, b) in enumerate(zip(first, second, strict=False)) if a != b), 0)
+        return first[:length]
+
     def check_room(self, prompt_tokens: int) -> int:
         """How many tokens the context leaves for the answer; ContextLengthExceeded if none."""
         room = self.context_length - prompt_tokens
@@ -258,7 +267,9 @@ class SyntheticGenerator:
         return SyntheticBatch(self)
 
 
-def load_generator(spec: ModelSpec, *, cache_dir: Path, device: str, synthetic_tokens_per_s: float) -> Generator:
+def load_generator(
+    spec: ModelSpec, *, cache_dir: Path, device: str, synthetic_tokens_per_s: float, dtype: str = "auto"
+) -> Generator:
     """Build the generator for a model spec, converting packaged GGUF weights once."""
     from generation.loading import assemble_gguf, cached_conversion, convert_gguf, load_pretrained, resolve_device
 
@@ -272,11 +283,11 @@ def load_generator(spec: ModelSpec, *, cache_dir: Path, device: str, synthetic_t
             gguf,
             cache_dir,
             convert=lambda source, target: convert_gguf(source, target, chat_template=spec.chat_template),
-            load=lambda model_dir: load_pretrained(model_dir, torch_device),
+            load=lambda model_dir: load_pretrained(model_dir, torch_device, dtype),
         )
     else:
-        model, tokenizer = load_pretrained(spec.source, torch_device)
+        model, tokenizer = load_pretrained(spec.source, torch_device, dtype)
         if spec.chat_template and not tokenizer.chat_template:
             tokenizer.chat_template = spec.chat_template
-    logger.info("Loaded %s on %s in %.1f s", spec.name, torch_device, time.monotonic() - started)
+    logger.info("Loaded %s on %s (%s) in %.1f s", spec.name, torch_device, model.dtype, time.monotonic() - started)
     return TransformersGenerator(spec.name, model, tokenizer)

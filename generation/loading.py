@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -36,8 +37,28 @@ def resolve_device(setting: str) -> torch.device:
     return torch.device(setting)
 
 
-def dtype_for(device: torch.device) -> torch.dtype:
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
+def dtype_for(device: torch.device, setting: str = "auto") -> torch.dtype:
+    """CHAT_DTYPE → the weights' dtype. `auto`: bfloat16 on CUDA and on CPUs with native
+    bfloat16 arithmetic, float32 elsewhere.
+
+    A decoding step of a small model on a CPU mostly reads weights: in bfloat16 it reads
+    half as much and runs about twice as fast (docs/benchmarks.md). The packaged models
+    are 4-bit GGUF files, whose steps are far coarser than bfloat16's rounding. Where the
+    CPU lacks the instructions, bfloat16 is emulated and slower than float32.
+    """
+    if setting != "auto":
+        return getattr(torch, setting)
+    return torch.bfloat16 if device.type == "cuda" or cpu_has_native_bf16() else torch.float32
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (x86 AVX512-BF16 or AMX, Arm BF16)."""
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:  # not Linux: stay with float32
+        return False
+    found = re.search(r"^(?:flags|Features)\s*:(.*)$", cpuinfo, re.MULTILINE)
+    return bool(found and {"avx512_bf16", "amx_bf16", "bf16"} & set(found.group(1).split()))
 
 
 def file_sha256(path: Path) -> str:
@@ -132,11 +153,11 @@ def convert_gguf(gguf: Path, target: Path, *, chat_template: str | None = None) 
     tokenizer.save_pretrained(target)
 
 
-def load_pretrained(model_dir: str | Path, device: torch.device) -> tuple[Any, Any]:
+def load_pretrained(model_dir: str | Path, device: torch.device, dtype: str = "auto") -> tuple[Any, Any]:
     """Load a causal LM and its tokenizer from a directory or hub id onto `device`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    kwargs: dict[str, object] = {"dtype": dtype_for(device)}
+    kwargs: dict[str, object] = {"dtype": dtype_for(device, dtype)}
     if device.type == "cuda":
         kwargs["device_map"] = "auto" if device.index is None else {"": device.index}
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)

@@ -76,6 +76,7 @@ def engine(model: str | None = None) -> Engine:
                 spec,
                 cache_dir=settings.MODEL_CACHE_DIR,
                 device=settings.CHAT_DEVICE,
+                dtype=settings.CHAT_DTYPE,
                 synthetic_tokens_per_s=settings.CHAT_SYNTHETIC_TOKENS_PER_S,
             )
             _engines[name] = Engine(

@@ -64,9 +64,15 @@ def stream_store(monkeypatch) -> InMemoryStreamStore:
 
 @pytest.fixture(scope="session")
 def smollm() -> Generator:
-    """The real packaged SmolLM2-135M-Instruct, loaded once per test session."""
+    """The real packaged SmolLM2-135M-Instruct, loaded once per test session.
+
+    In float32, where a batched row computes exactly what it would alone, so tests can
+    compare texts. (The server's default on a CPU with bfloat16 arithmetic is bfloat16,
+    whose rounding depends on the batch's shape: see test_batching.)"""
     spec = resolve_model("smollm2-135m-instruct")
-    return load_generator(spec, cache_dir=django_settings.MODEL_CACHE_DIR, device="cpu", synthetic_tokens_per_s=50)
+    return load_generator(
+        spec, cache_dir=django_settings.MODEL_CACHE_DIR, device="cpu", dtype="float32", synthetic_tokens_per_s=50
+    )
 
 
 def install_engine(store: InMemoryStreamStore, generator: Generator, **kwargs) -> Engine:

@@ -95,6 +95,7 @@ def run_check(**env: str) -> subprocess.CompletedProcess:
         ("GENERATION_BACKEND", "threads"),
         ("GENERATION_SCHEDULER", "parallel"),
         ("CHAT_DEVICE", "gpu"),
+        ("CHAT_DTYPE", "int3"),
         ("CHAT_MODEL", "no-such-model"),
         ("CHAT_SYNTHETIC_TOKENS_PER_S", "0"),
         ("DATABASE_URL", "nosuchdb://x"),

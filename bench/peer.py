@@ -1,0 +1,206 @@
+"""The concurrency load of bench.concurrency, against `transformers serve --continuous-batching`.
+
+    python -m bench.peer [--levels 1,4,8,32] [--requests N] [--max-tokens 128]
+        [--dtype float32|bfloat16] [--venv .cache/peer-venv] [--cb-num-blocks N] [--cb-max-batch-tokens 512]
+
+The peer gets its own virtual environment (made once, then reused; a stamp file records
+what was installed) with the same torch and transformers as the app, and serves the
+same converted weights (the safetensors directory `manage.py prepare_model` leaves under
+MODEL_CACHE_DIR) on CPU in float32 (or --dtype bfloat16). Its paged KV cache is sized for the load, not left
+to the default, which takes a share of the whole machine's memory. It is warmed up as
+chatsite is (its first request, timed, is slow). Reports install and start times and the
+server's resident memory as well as the same table as bench.concurrency, into
+bench/results/concurrency-peer.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.concurrency import (
+    MODEL,
+    Target,
+    add_load_arguments,
+    load_settings,
+    measure,
+    process_memory_mb,
+    write_results,
+)
+from bench.livesite import ROOT, free_port
+
+# The same versions as the app's requirements.txt; torch comes from the local CPU wheel.
+PEER_REQUIREMENTS = ("torch==2.13.0", "transformers[serving]==5.24.0")
+STAMP = ".bench-installed"
+PAGE_SIZE = 256  # tokens per KV-cache block: ContinuousBatchingConfig's default
+PROMPT_ALLOWANCE = 128  # tokens: the chat template's system prompt plus the longest prompt, with room
+
+LOCATE_MODEL = """
+from django.conf import settings
+from generation.loading import assemble_gguf, file_sha256
+from generation.registry import resolve_model
+spec = resolve_model(settings.CHAT_MODEL)
+print(spec.source or settings.MODEL_CACHE_DIR / file_sha256(assemble_gguf(spec, settings.MODEL_CACHE_DIR)))
+"""
+
+
+def ensure_peer_venv(venv: Path) -> float | None:
+    """Make the peer's venv unless its stamp says it is done; seconds it took, or None."""
+    stamp = venv / STAMP
+    wanted = "\n".join(PEER_REQUIREMENTS) + "\n"
+    if stamp.exists() and stamp.read_text() == wanted:
+        return None
+    started = time.monotonic()
+    if not (venv / "bin" / "python").exists():
+        subprocess.run(["python3", "-m", "venv", str(venv)], check=True)
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", *PEER_REQUIREMENTS], check=True)
+    stamp.write_text(wanted)
+    return time.monotonic() - started
+
+
+def prepared_model_dir(model: str) -> Path:
+    """The converted safetensors + tokenizer directory the app itself loads for `model`."""
+    env = {**os.environ, "CHAT_MODEL": model}
+    subprocess.run([sys.executable, "manage.py", "prepare_model"], cwd=ROOT, env=env, check=True)
+    output = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", LOCATE_MODEL],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    path = Path(output.strip().splitlines()[-1]).resolve()
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"no converted model in {path}")
+    return path
+
+
+def default_num_blocks(max_level: int, max_tokens: int) -> int:
+    """KV-cache blocks for every stream of the highest level at once, plus a few spare."""
+    return max_level * math.ceil((PROMPT_ALLOWANCE + max_tokens) / PAGE_SIZE) + 8
+
+
+def serve_command(venv: Path, model_dir: Path, port: int, args: argparse.Namespace) -> list[str]:
+    return [
+        str(venv / "bin" / "transformers"),
+        "serve",
+        str(model_dir),
+        "--continuous-batching",
+        "--device",
+        "cpu",
+        "--dtype",
+        args.dtype,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--cb-num-blocks",
+        str(args.cb_num_blocks),
+        "--cb-max-batch-tokens",
+        str(args.cb_max_batch_tokens),
+    ]
+
+
+def start_peer(command: list[str], base_url: str, log_path: Path, timeout: float = 300) -> subprocess.Popen[bytes]:
+    """Start the server and wait until /health answers (it loads the model before listening)."""
+    process = subprocess.Popen(command, cwd=ROOT, stdout=log_path.open("wb"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"transformers serve exited with {process.returncode}:\n{log_path.read_text()}")
+        try:
+            if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
+                return process
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    process.kill()
+    raise TimeoutError(f"transformers serve not healthy after {timeout} s:\n{log_path.read_text()}")
+
+
+def stop_peer(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _rss(memory: dict[str, float] | None) -> str:
+    return f"{memory['rss']:.0f}" if memory else "?"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_load_arguments(parser)
+    parser.add_argument("--model", default=MODEL, help="the app's model whose converted weights the peer serves")
+    parser.add_argument("--venv", type=Path, default=ROOT / ".cache" / "peer-venv")
+    parser.add_argument("--cb-num-blocks", type=int, help="KV-cache blocks (default: the highest level's need + 8)")
+    parser.add_argument("--cb-max-batch-tokens", type=int, default=512, help="tokens per forward pass")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="the weights' dtype")
+    parser.add_argument("--label", help="results file suffix (default: peer, or peer-<dtype> if not float32)")
+    args = parser.parse_args()
+    args.label = args.label or ("peer" if args.dtype == "float32" else f"peer-{args.dtype}")
+    max_level = max(args.levels)
+    args.cb_num_blocks = args.cb_num_blocks or default_num_blocks(max_level, args.max_tokens)
+
+    install_s = ensure_peer_venv(args.venv)
+    model_dir = prepared_model_dir(args.model)
+    port = free_port()
+    target = Target(f"http://127.0.0.1:{port}", "not-checked", str(model_dir))
+    command = serve_command(args.venv, model_dir, port, args)
+    log_path = ROOT / ".cache" / "peer-serve.log"
+    print(" ".join(command), flush=True)
+
+    started = time.monotonic()
+    process = start_peer(command, target.base_url, log_path)
+    try:
+        start_s = time.monotonic() - started
+        rss_started = process_memory_mb(process.pid)
+        print(f"peer: /health 200 after {start_s:.1f} s", flush=True)
+        measured = measure(target, args, server_pid=process.pid)
+        rss_end = process_memory_mb(process.pid)
+    finally:
+        stop_peer(process)
+    rss_warm = measured["warmup"]["server_rss_mb"]
+    print(f"peer RSS MB: {_rss(rss_started)} started, {_rss(rss_warm)} warmed up, {_rss(rss_end)} at the end")
+
+    payload = {
+        "label": args.label,
+        "server": "transformers serve --continuous-batching",
+        "command": "python -m bench.peer " + " ".join(sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "cpu_count": os.cpu_count(),
+        "settings": {
+            **load_settings(args),
+            "model": args.model,
+            "device": "cpu",
+            "dtype": args.dtype,
+            "cb_num_blocks": args.cb_num_blocks,
+            "cb_max_batch_tokens": args.cb_max_batch_tokens,
+            "requirements": list(PEER_REQUIREMENTS),
+        },
+        "server_process": {
+            "serve_command": command,
+            "install_s": install_s,
+            "ready_after_s": start_s,
+            "rss_mb": {"started": rss_started, "warm": rss_warm, "end": rss_end},
+        },
+        **measured,
+    }
+    path = write_results(args.label, payload)
+    print(f"results written to {path}")
+
+
+if __name__ == "__main__":
+    main()
