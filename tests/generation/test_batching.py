@@ -222,3 +222,25 @@ def test_bfloat16_batches_answer_like_the_model_alone():
         bf16.generate(chat(prompt), greedy(12), pieces.append, lambda: False)
         alone, batched = "".join(pieces), "".join(texts[n])
         assert batched.split()[:3] == alone.split()[:3] and len(batched.split()) >= 3
+
+
+def test_prompts_with_and_without_the_usual_template_opening_join_together(smollm):
+    """Chats that open as the template usually does start after its cached opening; a chat
+    with its own system prompt and a raw text prompt are prefilled whole, in the same step."""
+    assert smollm.tokenizer.decode(smollm.template_prefix()).endswith("user\n")
+    prompts = [
+        chat(PROMPTS[3]),
+        [{"role": "system", "content": "You are a pirate. Answer like one."}, {"role": "user", "content": PROMPTS[0]}],
+        "The three primary colours are",
+        chat(PROMPTS[1]),
+    ]
+    batch = smollm.open_batch()
+    texts: list[list[str]] = [[] for _ in prompts]
+    for prompt, pieces in zip(prompts, texts, strict=True):
+        batch.add(Sequence(prompt, greedy(16), pieces.append, lambda: False))
+    while len(batch):
+        batch.step()
+    for prompt, pieces in zip(prompts, texts, strict=True):
+        alone: list[str] = []
+        smollm.generate(prompt, greedy(16), alone.append, lambda: False)
+        assert "".join(pieces) == "".join(alone)

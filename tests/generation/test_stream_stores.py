@@ -275,6 +275,15 @@ def test_cancel_flag_is_per_stream(store):
     assert store.cancel("a") is True
     assert store.is_cancelled("a") and not store.is_cancelled("b")
     assert store.cancel("unknown") is False
+
+
+def test_cancelled_among_answers_for_many_streams_at_once(store):
+    for name in ("a", "b", "c"):
+        store.create(name)
+    store.cancel("a")
+    store.cancel("c")
+    assert store.cancelled_among(["a", "b", "c", "unknown"]) == {"a", "c"}
+    assert store.cancelled_among([]) == set()
     assert not store.is_cancelled("unknown") and not store.exists("unknown")
 
 
