@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,9 @@ class LiveSite:
             "DATABASE_URL": f"sqlite:///{self._tmp.name}/db.sqlite3",
             "DJANGO_SECRET_KEY": "live-test-secret-key-not-for-production-use-0123456789",
             "PYTHONUNBUFFERED": "1",
+            # Its own Redis keys: users of its own database must not share rate-limit
+            # counters (keyed by user id) with another database's users on the same Redis.
+            "REDIS_KEY_PREFIX": f"chatsite-live-{uuid.uuid4().hex[:12]}",
             **(env or {}),
         }
         self.ready_timeout = ready_timeout
