@@ -306,15 +306,17 @@ class SyntheticBatch:
         return len(self._rows)
 
     def add(self, sequence: Sequence) -> None:
+        if not self._rows:  # after an idle spell the clock starts afresh, with no burst of late ticks
+            self._next_tick = time.monotonic()
         limit = self.generator.answer_length(sequence.params)
         words = itertools.cycle(SYNTHETIC_TEXT.split())
         self._rows.append(_SyntheticRow(sequence, self.generator.count_prompt_tokens(sequence.prompt), limit, words))
 
     def step(self) -> list[tuple[Sequence, GenerationOutcome]]:
-        now = time.monotonic()
-        # Keep the rate steady, without a burst of catch-up ticks after an idle spell.
-        self._next_tick = max(self._next_tick + self.generator.interval, now)
-        time.sleep(self._next_tick - now)
+        # Ticks keep to the rate: a late tick (a busy machine) is caught up on, as a
+        # stream of the real model would deliver what it generated meanwhile.
+        self._next_tick += self.generator.interval
+        time.sleep(max(0.0, self._next_tick - time.monotonic()))
         finished = []
         for row in self._rows:
             if row.sequence.should_stop():
