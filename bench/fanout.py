@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-from bench.livesite import ROOT, ChatClient, LiveSite, free_port
+from bench.livesite import ROOT, ChatClient, LiveSite, free_port, stop_process
 from generation.generators import SYNTHETIC_TEXT
 
 RESULTS = Path(__file__).parent / "results" / "fanout.json"
@@ -328,7 +328,7 @@ def run_bare(args: argparse.Namespace) -> dict[str, Any]:
         figures["loadavg_before"] = load
         return figures
     finally:
-        stop(process)
+        stop_process(process)
         Path(log.name).unlink(missing_ok=True)
 
 
@@ -606,16 +606,6 @@ def memory(pid: int) -> dict[str, float]:
         "rss_mb": int(status["VmRSS"].split()[0]) / 1024,
         "threads": int(status["Threads"]),
     }
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def start_watchdog(seconds: float) -> None:

@@ -31,6 +31,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def stop_process(process: subprocess.Popen[bytes], grace_s: float = 15) -> None:
+    """End a server politely (SIGTERM), and for good (SIGKILL) if it lingers."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 class LiveSite:
     """`with LiveSite() as site:` starts migrate + daphne and waits for /readyz."""
 
@@ -86,13 +97,8 @@ class LiveSite:
             self.process.wait()
 
     def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        if self.process:
+            stop_process(self.process)
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

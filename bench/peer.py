@@ -34,7 +34,7 @@ from bench.concurrency import (
     process_memory_mb,
     write_results,
 )
-from bench.livesite import ROOT, free_port
+from bench.livesite import ROOT, free_port, stop_process
 
 # The same versions as the app's requirements.txt; torch comes from the local CPU wheel.
 PEER_REQUIREMENTS = ("torch==2.13.0", "transformers[serving]==5.24.0")
@@ -126,16 +126,6 @@ def start_peer(command: list[str], base_url: str, log_path: Path, timeout: float
     raise TimeoutError(f"transformers serve not healthy after {timeout} s:\n{log_path.read_text()}")
 
 
-def stop_peer(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 def _rss(memory: dict[str, float] | None) -> str:
     return f"{memory['rss']:.0f}" if memory else "?"
 
@@ -171,7 +161,7 @@ def main() -> None:
         measured = measure(target, args, server_pid=process.pid)
         rss_end = process_memory_mb(process.pid)
     finally:
-        stop_peer(process)
+        stop_process(process)
     rss_warm = measured["warmup"]["server_rss_mb"]
     print(f"peer RSS MB: {_rss(rss_started)} started, {_rss(rss_warm)} warmed up, {_rss(rss_end)} at the end")
 
