@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 import csv
+import datetime as dt
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
-from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.options import IS_FACETS_VAR
 from django.contrib.admin.views.main import ERROR_FLAG, ORDER_VAR, PAGE_VAR
 from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, F, QuerySet, Sum
-from django.db.models.functions import TruncDate
+from django.db.models import F, Max, QuerySet, Sum
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 
-from accounts.models import Account, ApiKey, Plan, UsageRecord
+from accounts.models import Account, ApiKey, Plan, UsageDay, UsageRecord
 
 LIMIT_FIELDS = ["requests_per_minute", "tokens_per_day", "max_concurrent_streams", "max_tokens_per_request"]
 
@@ -177,40 +178,116 @@ class UsageRecordAdmin(admin.ModelAdmin):
         return [daily, *super().get_urls()]
 
     def daily_view(self, request: HttpRequest) -> HttpResponse:
-        """Requests and tokens per day, for the records the changelist's filters select."""
+        """Requests and tokens per UTC day, from UsageDay, for the changelist's filters that apply."""
+        # Whoever may read the ledger may read its totals.
         if not self.has_view_permission(request):
             raise PermissionDenied
-        # The changelist's own filtering (list filters, date hierarchy, search, ?user=<id>),
-        # without its paging and ordering.
         params = request.GET.copy()
-        for param in (PAGE_VAR, ORDER_VAR, ERROR_FLAG):
+        for param in (PAGE_VAR, ORDER_VAR, ERROR_FLAG, IS_FACETS_VAR):
             params.pop(param, None)
-        request.GET = params  # type: ignore[assignment]  # the changelist reads request.GET
-        try:
-            changelist = self.get_changelist_instance(request)
-        except IncorrectLookupParameters:
+        form = DailyFilterForm(params)
+        if not form.is_valid():
             changelist_url = reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_changelist")
             return HttpResponseRedirect(f"{changelist_url}?{ERROR_FLAG}=1")
         days = list(
-            changelist.queryset.order_by()
-            .annotate(day=TruncDate("created_at"))
+            form.filter(UsageDay.objects.all())
             .values("day")
             .annotate(
-                requests=Count("pk"),
+                request_count=Sum("requests"),
                 prompt=Sum("prompt_tokens"),
                 completion=Sum("completion_tokens"),
                 total=Sum(F("prompt_tokens") + F("completion_tokens")),
             )
             .order_by("-day")
         )
-        totals = {name: sum(day[name] or 0 for day in days) for name in ("requests", "prompt", "completion", "total")}
+        totals = {name: sum(day[name] for day in days) for name in ("request_count", "prompt", "completion", "total")}
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
             "title": "Usage per day",
             "days": days,
             "totals": totals,
-            "filtered": bool(request.GET),
-            "query_string": f"?{request.GET.urlencode()}" if request.GET else "",
+            "filtered": form.applied(),
+            "ignored": form.ignored(),
+            "updated_at": UsageDay.objects.aggregate(last=Max("updated_at"))["last"],
+            "query_string": f"?{params.urlencode()}" if params else "",
         }
         return TemplateResponse(request, "admin/accounts/usagerecord/daily.html", context)
+
+
+class DailyFilterForm(forms.Form):
+    """The usage changelist's filters that daily totals keep, under the changelist's own names.
+
+    UsageDay has no status, key or stream id: the other filters can't apply and are named
+    on the page rather than silently dropped.
+    """
+
+    user = forms.IntegerField(required=False)
+    user__id__exact = forms.IntegerField(required=False)
+    model__exact = forms.CharField(max_length=200, required=False)
+    channel__exact = forms.ChoiceField(choices=UsageRecord.Channel.choices, required=False)
+    created_at__gte = forms.DateTimeField(required=False)
+    created_at__lt = forms.DateTimeField(required=False)
+    created_at__year = forms.IntegerField(min_value=1, max_value=9999, required=False)
+    created_at__month = forms.IntegerField(min_value=1, max_value=12, required=False)
+    created_at__day = forms.IntegerField(min_value=1, max_value=31, required=False)
+
+    def filter(self, days: QuerySet[UsageDay]) -> QuerySet[UsageDay]:
+        data = self.cleaned_data
+        lookups = {
+            "user_id": data["user"] if data["user"] is not None else data["user__id__exact"],
+            "model": data["model__exact"],
+            "channel": data["channel__exact"],
+            # The changelist's date filters pick local days; totals are kept per UTC day.
+            "day__gte": _local_date(data["created_at__gte"]),
+            "day__lt": _local_date(data["created_at__lt"]),
+            "day__year": data["created_at__year"],
+            "day__month": data["created_at__month"],
+            "day__day": data["created_at__day"],
+        }
+        return days.filter(**{lookup: value for lookup, value in lookups.items() if value not in (None, "")})
+
+    def applied(self) -> bool:
+        return any(value not in (None, "") for value in self.cleaned_data.values())
+
+    def ignored(self) -> list[str]:
+        """The changelist's filters in the query that daily totals can't apply, by field."""
+        names = {"search" if param == "q" else param.split("__")[0] for param in self.data if param not in self.fields}
+        return sorted(names)
+
+
+def _local_date(value: dt.datetime | None) -> dt.date | None:
+    return None if value is None else timezone.localtime(value).date()
+
+
+@admin.register(UsageDay)
+class UsageDayAdmin(admin.ModelAdmin):
+    list_display = [
+        "day",
+        "user",
+        "model",
+        "channel",
+        "requests",
+        "prompt_tokens",
+        "completion_tokens",
+        "total_tokens",
+    ]
+    list_filter = [
+        "channel",
+        "model",
+        ("day", admin.DateFieldListFilter),
+        ("user", admin.RelatedOnlyFieldListFilter),
+    ]
+    date_hierarchy = "day"
+    search_fields = ["user__username", "model"]
+    list_select_related = ["user"]
+
+    # Rolled up from the ledger by usage_rollup; an edit would be overwritten a minute later.
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

@@ -137,3 +137,35 @@ class UsageRecord(models.Model):
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+
+class UsageDay(models.Model):
+    """A user's requests and finished tokens on one UTC day, per model and channel.
+
+    Rolled up from the UsageRecord ledger by `accounts.services.usage_rollup`; never written
+    by hand, so the ledger stays the one truth and this table can be recomputed at will.
+    """
+
+    day = models.DateField()
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="usage_days")
+    model = models.CharField(max_length=200)
+    channel = models.CharField(max_length=8, choices=UsageRecord.Channel.choices)
+    requests = models.PositiveIntegerField(default=0)
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-day"]
+        constraints = [
+            models.UniqueConstraint(fields=["day", "user", "model", "channel"], name="usage_day_unique"),
+        ]
+        indexes = [models.Index(fields=["day"])]
+        verbose_name = "usage day"
+
+    def __str__(self) -> str:
+        return f"{self.user} {self.channel} {self.model} {self.day:%Y-%m-%d}"
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens

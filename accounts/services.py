@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from django.contrib.auth.models import User
 from django.core.cache import cache
 from django.db import transaction
-from django.db.models import Case, F, Sum, When
+from django.db.models import Case, Count, F, Q, Sum, When
+from django.db.models.functions import TruncDate
 from django.utils import timezone
 
-from accounts.models import DEFAULT_PLAN, Account, ApiKey, Limits, Plan, UsageRecord, hash_key
+from accounts.models import DEFAULT_PLAN, Account, ApiKey, Limits, Plan, UsageDay, UsageRecord, hash_key
 
 STREAMING = "streaming"
 
@@ -168,6 +169,62 @@ def usage_finish(
         ttft_ms=ttft_ms,
         duration_ms=duration_ms,
     )
+
+
+def usage_rollup(*, days: int = 2, now: dt.datetime | None = None) -> int:
+    """Recompute the UsageDay totals of the last `days` UTC days, today included, from the ledger.
+
+    Idempotent: each (day, user, model, channel) row is upserted from a fresh aggregate of
+    its records, and rows in the window whose records are gone are deleted; days outside the
+    window are left alone. A record still streaming counts as a request with its prompt tokens
+    and no completion tokens (only finished tokens are rolled up); a later rollup adds them
+    once it has finished. Returns the number of rows written.
+    """
+    if days < 1:
+        raise ValueError(f"days must be at least 1, not {days}")
+    today = (now or timezone.now()).astimezone(dt.UTC).date()
+    first_day = today - dt.timedelta(days=days - 1)
+    start = dt.datetime.combine(first_day, dt.time(), tzinfo=dt.UTC)
+    end = dt.datetime.combine(today + dt.timedelta(days=1), dt.time(), tzinfo=dt.UTC)
+    totals = (
+        UsageRecord.objects.filter(created_at__gte=start, created_at__lt=end)
+        .annotate(day=TruncDate("created_at", tzinfo=dt.UTC))
+        .values("day", "user", "model", "channel")
+        .annotate(
+            request_count=Count("pk"),
+            prompt=Sum("prompt_tokens"),
+            completion=Sum("completion_tokens", filter=~Q(status=STREAMING)),
+        )
+        .order_by("day", "user", "model", "channel")
+    )
+    rows = [
+        UsageDay(
+            day=total["day"],
+            user_id=total["user"],
+            model=total["model"],
+            channel=total["channel"],
+            requests=total["request_count"],
+            prompt_tokens=total["prompt"] or 0,
+            completion_tokens=total["completion"] or 0,
+        )
+        for total in totals
+    ]
+    keys = {(row.day, row.user_id, row.model, row.channel) for row in rows}
+    with transaction.atomic():
+        in_window = UsageDay.objects.filter(day__gte=first_day, day__lte=today)
+        stale = [
+            pk
+            for pk, *key in in_window.values_list("pk", "day", "user_id", "model", "channel")
+            if tuple(key) not in keys
+        ]
+        UsageDay.objects.filter(pk__in=stale).delete()
+        UsageDay.objects.bulk_create(
+            rows,
+            update_conflicts=True,
+            unique_fields=["day", "user", "model", "channel"],
+            update_fields=["requests", "prompt_tokens", "completion_tokens", "updated_at"],
+        )
+    return len(rows)
 
 
 def api_key_create(*, user: User, name: str) -> tuple[ApiKey, str]:

@@ -1,13 +1,46 @@
-"""Celery application; the generation workers of GENERATION_BACKEND=celery use it."""
+"""Celery application: the generation workers and housekeeping of GENERATION_BACKEND=celery.
+
+Two kinds of worker (docs/scaling.md):
+    celery -A chatsite worker -Q generation -P threads     loads the model; runs generations
+    celery -A chatsite worker -Q housekeeping -B -c 2      runs beat and its housekeeping
+"""
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from celery import Celery
+from celery.signals import celeryd_init, worker_ready
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
 
 app = Celery("chatsite")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+GENERATION_QUEUE = "generation"
+
+
+def _consumes_generation(queues: Any) -> bool:
+    names = queues.split(",") if isinstance(queues, str) else list(queues or [])
+    return GENERATION_QUEUE in names
+
+
+@celeryd_init.connect
+def _size_generation_worker(conf: Any = None, options: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    # Each generation task is a thread waiting for its generation in the shared engine:
+    # a generation worker needs one per batch row and queue place, unless -c says otherwise.
+    options = options or {}
+    if _consumes_generation(options.get("queues")) and not options.get("concurrency"):
+        from generation.worker import thread_count
+
+        conf.worker_concurrency = thread_count()
+
+
+@worker_ready.connect
+def _start_generation_worker(sender: Any = None, **kwargs: Any) -> None:
+    if _consumes_generation([queue.name for queue in sender.task_consumer.queues]):
+        from generation import worker
+
+        worker.start()

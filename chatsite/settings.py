@@ -234,6 +234,8 @@ GENERATION_MAX_QUEUE = env_int("GENERATION_MAX_QUEUE", 64, minimum=0)
 # `batched` shares forward passes between concurrent generations; `sequential` runs one
 # generate() call per generation (docs/benchmarks.md compares them).
 GENERATION_SCHEDULER = env_choice("GENERATION_SCHEDULER", "batched", ("batched", "sequential"))
+# After a conversation's first answer, the model gives it a short title (one small generation).
+CHAT_AUTO_TITLE = env_bool("CHAT_AUTO_TITLE", True)
 CHAT_ENABLE_SYNTHETIC = env_bool("CHAT_ENABLE_SYNTHETIC", False)
 CHAT_SYNTHETIC_TOKENS_PER_S = env_float("CHAT_SYNTHETIC_TOKENS_PER_S", 50.0)
 try:
@@ -241,9 +243,33 @@ try:
 except UnknownModel as error:
     raise ImproperlyConfigured(f"CHAT_MODEL: {error}") from None
 
+if GENERATION_BACKEND == "celery" and not REDIS_URL:
+    raise ImproperlyConfigured("GENERATION_BACKEND: celery needs REDIS_URL (the broker and the stream store).")
+
+# Celery (docs/scaling.md). Generation tasks go to the `generation` queue, which only
+# model workers consume; housekeeping goes to `housekeeping`, consumed next to beat, so
+# that a dead model worker is still reaped. With the in-process backend nothing leaves
+# the process: tasks run inline, and the web process runs the beat schedule itself.
 CELERY_BROKER_URL = REDIS_URL or "memory://"
 CELERY_RESULT_BACKEND = None
-CELERY_TASK_ALWAYS_EAGER = not REDIS_URL
+CELERY_TASK_ALWAYS_EAGER = GENERATION_BACKEND != "celery"
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_DEFAULT_QUEUE = "housekeeping"
+CELERY_TASK_ROUTES = {"generation.generate": {"queue": "generation"}, "generation.title": {"queue": "generation"}}
+# Acknowledged when a worker starts a task, and one message at a time per free thread:
+# a worker killed mid-generation loses its tasks instead of running them again elsewhere.
+CELERY_TASK_ACKS_LATE = False
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Each expires after one period: while no worker consumes them, they don't pile up.
+CELERY_BEAT_SCHEDULE = {
+    name: {"task": task, "schedule": period_s, "options": {"expires": period_s}}
+    for name, task, period_s in (
+        ("reap-dead-runs", "generation.reap_dead_runs", 3.0),
+        ("usage-rollup", "accounts.usage_rollup", 60.0),
+        ("expire-streams", "generation.expire_streams", 300.0),
+    )
+}
 
 LOGGING = {
     "version": 1,

@@ -63,19 +63,17 @@ class Generator(Protocol):
     def open_batch(self) -> Batch: ...
 
 
-class TransformersGenerator:
-    def __init__(self, name: str, model: Any, tokenizer: Any) -> None:
-        import torch
+class ChatTokenizer:
+    """A model's tokenizer and context length: what counting a prompt's tokens needs.
 
+    Web processes of GENERATION_BACKEND=celery load only this, to refuse prompts that do
+    not fit before queueing them; the model itself lives in the workers.
+    """
+
+    def __init__(self, name: str, tokenizer: Any, context_length: int) -> None:
         self.name = name
-        self.model = model
         self.tokenizer = tokenizer
-        self.device = model.device
-        self.context_length = int(getattr(model.config, "max_position_embeddings", 2048))
-        eos = model.generation_config.eos_token_id
-        self.eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids), 0)
-        self._torch = torch
+        self.context_length = context_length
 
     def encode(self, prompt: Prompt) -> Any:
         if isinstance(prompt, str):
@@ -104,6 +102,23 @@ class TransformersGenerator:
                 f"The conversation is {prompt_tokens} tokens long; this model's context holds {self.context_length}."
             )
         return room
+
+
+def context_length_of(config: Any) -> int:
+    return int(getattr(config, "max_position_embeddings", 2048))
+
+
+class TransformersGenerator(ChatTokenizer):
+    def __init__(self, name: str, model: Any, tokenizer: Any) -> None:
+        import torch
+
+        super().__init__(name, tokenizer, context_length_of(model.config))
+        self.model = model
+        self.device = model.device
+        eos = model.generation_config.eos_token_id
+        self.eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids), 0)
+        self._torch = torch
 
     def token_text(self) -> TokenText:
         return TokenText(self.tokenizer)
@@ -271,23 +286,47 @@ def load_generator(
     spec: ModelSpec, *, cache_dir: Path, device: str, synthetic_tokens_per_s: float, dtype: str = "auto"
 ) -> Generator:
     """Build the generator for a model spec, converting packaged GGUF weights once."""
-    from generation.loading import assemble_gguf, cached_conversion, convert_gguf, load_pretrained, resolve_device
+    from generation.loading import load_pretrained, resolve_device
 
     if spec.synthetic:
         return SyntheticGenerator(synthetic_tokens_per_s)
     torch_device = resolve_device(device)
     started = time.monotonic()
-    if spec.gguf_parts:
-        gguf = assemble_gguf(spec, cache_dir)
-        model, tokenizer = cached_conversion(  # type: ignore[misc]
-            gguf,
-            cache_dir,
-            convert=lambda source, target: convert_gguf(source, target, chat_template=spec.chat_template),
-            load=lambda model_dir: load_pretrained(model_dir, torch_device, dtype),
-        )
-    else:
-        model, tokenizer = load_pretrained(spec.source, torch_device, dtype)
-        if spec.chat_template and not tokenizer.chat_template:
-            tokenizer.chat_template = spec.chat_template
+    model, tokenizer = _load_model_files(spec, cache_dir, lambda source: load_pretrained(source, torch_device, dtype))
     logger.info("Loaded %s on %s (%s) in %.1f s", spec.name, torch_device, model.dtype, time.monotonic() - started)
     return TransformersGenerator(spec.name, model, tokenizer)
+
+
+def load_chat_tokenizer(
+    spec: ModelSpec, *, cache_dir: Path, synthetic_tokens_per_s: float
+) -> ChatTokenizer | Generator:
+    """What counting prompt tokens needs, without the model's weights in memory."""
+    from generation.loading import load_tokenizer_and_config
+
+    if spec.synthetic:
+        return SyntheticGenerator(synthetic_tokens_per_s)
+    config, tokenizer = _load_model_files(spec, cache_dir, load_tokenizer_and_config)
+    return ChatTokenizer(spec.name, tokenizer, context_length_of(config))
+
+
+def _load_model_files(
+    spec: ModelSpec, cache_dir: Path, load: Callable[[str | Path], tuple[Any, Any]]
+) -> tuple[Any, Any]:
+    """`load` applied to the model's files: the packaged GGUF converted once, or its source.
+
+    `load` returns (something, tokenizer); the spec's chat template is added where the
+    tokenizer lacks one.
+    """
+    from generation.loading import assemble_gguf, cached_conversion, convert_gguf
+
+    if spec.gguf_parts:
+        return cached_conversion(  # type: ignore[no-any-return]
+            assemble_gguf(spec, cache_dir),
+            cache_dir,
+            convert=lambda source, target: convert_gguf(source, target, chat_template=spec.chat_template),
+            load=load,
+        )
+    loaded, tokenizer = load(spec.source)
+    if spec.chat_template and not tokenizer.chat_template:
+        tokenizer.chat_template = spec.chat_template
+    return loaded, tokenizer

@@ -166,3 +166,10 @@ def load_pretrained(model_dir: str | Path, device: torch.device, dtype: str = "a
     model.eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     return model, tokenizer
+
+
+def load_tokenizer_and_config(model_dir: str | Path) -> tuple[Any, Any]:
+    """A model's configuration and tokenizer, without its weights."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    return AutoConfig.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)

@@ -212,6 +212,24 @@ class RedisStreamStore:
     def producer_alive(self, producer: str) -> bool:
         return bool(self._redis.exists(self.producer_key(producer)))
 
+    def expire_finished(self) -> int:
+        """Give an expiry to any stream key that has none; returns how many were mended.
+
+        Every stream expires on its own (its keys get a TTL when created, at the first
+        event and at the terminal one). This sweep, run by Celery beat, catches keys
+        left without one anyway (a PERSIST, a restore from a dump): a finished stream gets
+        the retention time, an unfinished one the abandoned stream's day.
+        """
+        mended = 0
+        for key in self._redis.scan_iter(match=f"{self.prefix}:stream:*", count=1000):
+            if self._redis.ttl(key) != -1:
+                continue  # expiring already, or gone meanwhile
+            meta_key = key if key.endswith(":meta") else f"{key}:meta"
+            finished = self._redis.hget(meta_key, "finished") == "1"
+            self._redis.pexpire(key, _ms(self.retention_s) if finished else ABANDONED_TTL_S * 1000)
+            mended += 1
+        return mended
+
     def close(self) -> None:
         """Close the sync client's connections (async clients: `aclose` in their loop)."""
         self._redis.close()

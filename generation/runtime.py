@@ -9,13 +9,19 @@ import threading
 import time
 import uuid
 from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
 from generation.engine import Engine
-from generation.generators import load_generator
+from generation.generators import load_chat_tokenizer, load_generator
+from generation.jobs import GenerationTask, job_for
 from generation.registry import ModelSpec, available_models, resolve_model
 from generation.streams import InMemoryStreamStore, StreamStore
+
+if TYPE_CHECKING:
+    from generation.admission import Admission
+    from generation.dispatch import CeleryDispatcher
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +31,12 @@ PRODUCER = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 _lock = threading.Lock()
 _store: StreamStore | None = None
-_engines: dict[str, Engine] = {}
+_admission: Admission | None = None
+# What runs each model's generations for this process: its own engine, or, in the web
+# processes of GENERATION_BACKEND=celery, a dispatcher to the workers.
+_engines: dict[str, Engine | CeleryDispatcher] = {}
+# With GENERATION_BACKEND=celery, the engines of a worker process (in-process, _engines).
+_worker_engines: dict[str, Engine] = {}
 
 
 def stream_store() -> StreamStore:
@@ -64,12 +75,42 @@ def default_concurrency(spec: ModelSpec, scheduler: str, device: str) -> int:
     return 256 if on_gpu else 32
 
 
-def engine(model: str | None = None) -> Engine:
-    """The started engine for `model` (default CHAT_MODEL); raises UnknownModel."""
+def engine(model: str | None = None) -> Engine | CeleryDispatcher:
+    """What runs `model`'s generations (default CHAT_MODEL) for this web process, started.
+
+    The process's own engine, or with GENERATION_BACKEND=celery, the dispatcher that
+    queues them for the workers. Raises UnknownModel.
+    """
+    if settings.GENERATION_BACKEND != "celery":
+        return local_engine(model)
     name = model or settings.CHAT_MODEL
-    store = stream_store()
     with _lock:
         if name not in _engines:
+            from generation.dispatch import CeleryDispatcher
+
+            spec = resolve_model(name, synthetic_enabled=settings.CHAT_ENABLE_SYNTHETIC)
+            load = partial(
+                load_chat_tokenizer,
+                spec,
+                cache_dir=settings.MODEL_CACHE_DIR,
+                synthetic_tokens_per_s=settings.CHAT_SYNTHETIC_TOKENS_PER_S,
+            )
+            _engines[name] = CeleryDispatcher(name, load, stream_store(), admission())
+        found = _engines[name]
+    found.start()
+    return found
+
+
+def local_engine(model: str | None = None) -> Engine:
+    """This process's engine for `model` (default CHAT_MODEL), started; raises UnknownModel.
+
+    Web processes use it through engine(); Celery generation workers use it directly.
+    """
+    name = model or settings.CHAT_MODEL
+    store = stream_store()
+    own: dict[str, Any] = _worker_engines if settings.GENERATION_BACKEND == "celery" else _engines
+    with _lock:
+        if name not in own:
             spec = resolve_model(name, synthetic_enabled=settings.CHAT_ENABLE_SYNTHETIC)
             load = partial(
                 load_generator,
@@ -79,42 +120,90 @@ def engine(model: str | None = None) -> Engine:
                 dtype=settings.CHAT_DTYPE,
                 synthetic_tokens_per_s=settings.CHAT_SYNTHETIC_TOKENS_PER_S,
             )
-            _engines[name] = Engine(
+            own[name] = Engine(
                 load,
                 store,
                 scheduler=settings.GENERATION_SCHEDULER,
                 max_queue=settings.GENERATION_MAX_QUEUE,
-                max_concurrent=settings.GENERATION_MAX_CONCURRENT
-                or default_concurrency(spec, settings.GENERATION_SCHEDULER, settings.CHAT_DEVICE),
+                max_concurrent=max_concurrent(spec),
                 producer=PRODUCER,
             )
-        found = _engines[name]
+        found = own[name]
     found.start()
-    return found
+    return found  # type: ignore[no-any-return]
 
 
-def engines() -> dict[str, Engine]:
+def worker_engines() -> dict[str, Engine]:
+    """The engines of this Celery worker process, by model."""
+    with _lock:
+        return dict(_worker_engines)
+
+
+def max_concurrent(spec: ModelSpec) -> int:
+    return settings.GENERATION_MAX_CONCURRENT or default_concurrency(
+        spec, settings.GENERATION_SCHEDULER, settings.CHAT_DEVICE
+    )
+
+
+def submit(task: GenerationTask) -> None:
+    """Start a generation where this deployment runs them; raises EngineOverloaded."""
+    runner = engine(task.model)
+    if isinstance(runner, Engine):
+        runner.submit(job_for(task))
+    else:
+        runner.submit(task)
+
+
+def admission() -> Admission:
+    """The cross-process admission bound (GENERATION_BACKEND=celery; needs REDIS_URL)."""
+    global _admission
+    with _lock:
+        if _admission is None:
+            from generation.admission import Admission
+
+            assert settings.REDIS_URL, "GENERATION_BACKEND=celery needs REDIS_URL"
+            _admission = Admission(
+                settings.REDIS_URL, prefix=settings.REDIS_KEY_PREFIX, max_queue=settings.GENERATION_MAX_QUEUE
+            )
+        return _admission
+
+
+def engines() -> dict[str, Engine | CeleryDispatcher]:
+    """What engine() has handed out so far, by model (the admin and metrics show them)."""
     with _lock:
         return dict(_engines)
 
 
 def start() -> None:
-    """At server start: load the default model, and settle answers left by dead processes."""
+    """At server start: load the default model; with the in-process backend, housekeep."""
     engine()
-    threading.Thread(target=_settle_orphans_twice, name="chatsite-settle", daemon=True).start()
+    if settings.GENERATION_BACKEND != "celery":
+        threading.Thread(target=_housekeep_inline, name="chatsite-housekeeping", daemon=True).start()
 
 
-def _settle_orphans_twice() -> None:
-    from generation.services import messages_settle_orphans
+def _housekeep_inline() -> None:
+    """Run Celery beat's schedule in this process, for the in-process backend.
 
-    # Once now, and once after a dead predecessor's heartbeat has surely expired
-    # (a process restarted within that time still looks alive at first).
-    for delay in (0.0, Engine.HEARTBEAT_S * 3 + 1):
-        time.sleep(delay)
-        try:
-            settled = messages_settle_orphans()
-        except Exception:
-            logger.exception("Could not settle interrupted answers")
-            return
-        if settled:
-            logger.info("Marked %d answers of stopped processes as interrupted", settled)
+    Without workers there is no beat process: the one web process settles the answers
+    of a predecessor that died (at once, and again as heartbeats lapse), rolls usage up
+    and expires streams, on beat's schedule, calling the same tasks.
+    """
+    from django.db import close_old_connections
+
+    from chatsite.celery import app
+
+    app.loader.import_default_modules()
+    entries: list[dict[str, Any]] = list(settings.CELERY_BEAT_SCHEDULE.values())
+    schedule = {entry["task"]: float(entry["schedule"]) for entry in entries}
+    due = dict.fromkeys(schedule, 0.0)
+    while True:
+        for task, period_s in schedule.items():
+            if time.monotonic() >= due[task]:
+                due[task] = time.monotonic() + period_s
+                try:
+                    app.tasks[task]()
+                except Exception:
+                    logger.exception("Housekeeping task %s failed", task)
+                finally:
+                    close_old_connections()
+        time.sleep(max(0.0, min(due.values()) - time.monotonic()))

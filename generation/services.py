@@ -4,21 +4,23 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import partial, wraps
-from typing import Any
+from functools import partial
 
+from django.conf import settings
 from django.contrib.auth.models import User
-from django.db import close_old_connections
+from django.db import transaction
 from django.db.models import Q
 
 from accounts.models import ApiKey, UsageRecord
-from accounts.services import Quota, usage_admit, usage_finish
+from accounts.services import STREAMING, Quota, usage_admit, usage_finish
 from generation import runtime
+from generation.dispatch import QUEUE_PRODUCER
 from generation.engine import EngineOverloaded, GenerationResult, Job
 from generation.generators import GenerationParams, Prompt
+from generation.jobs import GenerationTask, engine_thread_task
 from generation.models import Conversation, Message
 from generation.streams import StreamNotFound
 
@@ -31,24 +33,6 @@ _CONTEXT_STATUSES = (Message.Status.COMPLETE, Message.Status.STOPPED, Message.St
 
 def conversation_create(*, user: User, model: str | None = None) -> Conversation:
     return Conversation.objects.create(user=user, model=model or runtime.model_names()[0])
-
-
-def _engine_thread_task(function: Callable[..., None]) -> Callable[..., None]:
-    """Run a write from the engine thread on a fresh connection, closed afterwards.
-
-    The engine thread lives as long as the process; without this it would hold a
-    database connection open between generations.
-    """
-
-    @wraps(function)
-    def wrapper(*args: Any, **kwargs: Any) -> None:
-        close_old_connections()
-        try:
-            function(*args, **kwargs)
-        finally:
-            close_old_connections()
-
-    return wrapper
 
 
 @dataclass(frozen=True)
@@ -67,47 +51,52 @@ def generation_start(
     params: GenerationParams,
     requested_max_tokens: int | None,
     api_key: ApiKey | None = None,
-    on_progress: Callable[[str], None] | None = None,
-    on_finish: Callable[[GenerationResult], None] | None = None,
     stream_id: str | None = None,
+    message_id: int | None = None,
 ) -> Started:
     """Admit a generation against the user's limits, record it, and queue it.
 
     The one way every channel (ui, ws, api) starts a generation, so that one ledger
-    holds them all. `params.max_tokens` is capped by what was granted. Raises
-    UnknownModel, QuotaExceeded, InvalidRequest or EngineOverloaded; after a refusal
-    nothing is queued or counted.
+    holds them all. `params.max_tokens` is capped by what was granted; the answer
+    `message_id`, if given, is saved as it is written. Raises UnknownModel,
+    QuotaExceeded, InvalidRequest or EngineOverloaded; after a refusal nothing is
+    queued or counted.
     """
-    engine = runtime.engine(model)
+    runner = runtime.engine(model)
     stream_id = stream_id or uuid.uuid4().hex
     record, granted, quota = usage_admit(
         user=user,
         channel=channel,
         model=model,
         stream_id=stream_id,
-        producer=engine.producer,
+        producer=runner.producer,
         requested_max_tokens=requested_max_tokens,
         api_key=api_key,
     )
-
-    def finish(result: GenerationResult) -> None:
-        usage_finish(stream_id=stream_id, **result.outcome_fields())
-        if on_finish:
-            on_finish(result)
-
-    job = Job(
-        stream_id=stream_id,
-        prompt=prompt,
-        params=replace(params, max_tokens=min(params.max_tokens, granted)),
-        on_progress=_engine_thread_task(on_progress) if on_progress else None,
-        on_finish=_engine_thread_task(finish),
-    )
+    max_tokens = min(params.max_tokens, granted)
+    task = GenerationTask(stream_id, model, prompt, replace(params, max_tokens=max_tokens), message_id=message_id)
     try:
-        engine.submit(job)
-    except EngineOverloaded:
+        runtime.submit(task)
+    except Exception:
         record.delete()
         raise
-    return Started(stream_id=stream_id, max_tokens=job.params.max_tokens, quota=quota)
+    return Started(stream_id=stream_id, max_tokens=max_tokens, quota=quota)
+
+
+def generation_claim(*, stream_id: str, message_id: int | None, producer: str) -> bool:
+    """Take a queued generation for a worker (`producer`); False if it must not run.
+
+    Only a generation still streaming and not yet taken can be claimed, and only once:
+    a task delivered twice, or one whose run was stopped or settled as interrupted while
+    it waited, generates nothing.
+    """
+    with transaction.atomic():
+        claimed = UsageRecord.objects.filter(stream_id=stream_id, status=STREAMING, producer=QUEUE_PRODUCER).update(
+            producer=producer
+        )
+        if claimed and message_id is not None:
+            Message.objects.filter(pk=message_id, status=Message.Status.STREAMING).update(producer=producer)
+    return bool(claimed)
 
 
 def message_send(*, conversation: Conversation, prompt: str, channel: str = "ui") -> tuple[Message, Message]:
@@ -124,7 +113,7 @@ def message_send(*, conversation: Conversation, prompt: str, channel: str = "ui"
         prompt_message.delete()
         raise
     if not conversation.title:
-        conversation.title = " ".join(prompt.split())[:TITLE_LENGTH]
+        conversation.title = _first_prompt_title(prompt)
         conversation.save(update_fields=["title", "updated_at"])
     return prompt_message, answer
 
@@ -201,25 +190,14 @@ def _answer_start(conversation: Conversation, history: list[dict[str, str]], *, 
             prompt=history,
             params=GenerationParams(max_tokens=conversation.max_tokens, temperature=conversation.temperature),
             requested_max_tokens=None,
-            on_progress=partial(message_save_progress, answer.pk),
-            on_finish=partial(message_finish, answer.pk),
             stream_id=stream_id,
+            message_id=answer.pk,
         )
     except Exception:
         answer.delete()
         raise
     conversation.save(update_fields=["updated_at"])
     return answer
-
-
-def message_save_progress(message_id: int, text: str) -> None:
-    """Save the text so far of a streaming answer."""
-    Message.objects.filter(pk=message_id, status=Message.Status.STREAMING).update(content=text)
-
-
-def message_finish(message_id: int, result: GenerationResult) -> None:
-    """Save a finished answer with its usage and timings."""
-    Message.objects.filter(pk=message_id).update(content=result.text, error=result.error, **result.outcome_fields())
 
 
 def message_stop(*, message: Message) -> bool:
@@ -273,6 +251,85 @@ def messages_settle_orphans() -> int:
         with contextlib.suppress(StreamNotFound, ValueError):
             store.append(record.stream_id, "error", {"message": "interrupted", "status": Message.Status.INTERRUPTED})
     return settled
+
+
+def runs_reap() -> int:
+    """Housekeeping: settle the runs of dead producers, and free their admission places.
+
+    Returns how many answers were settled. An admission place whose generation is no
+    longer streaming (its worker died, or queueing it failed) is given back once it is a
+    minute old, past any transaction that may still be committing its usage record.
+    """
+    settled = messages_settle_orphans()
+    if settings.GENERATION_BACKEND == "celery":
+        admission = runtime.admission()
+        for model in admission.models():
+            admitted = admission.admitted(model, older_than_s=60)
+            streaming = set(
+                UsageRecord.objects.filter(stream_id__in=admitted, status=STREAMING).values_list("stream_id", flat=True)
+            )
+            for stream_id in set(admitted) - streaming:
+                admission.release(model, stream_id)
+    return settled
+
+
+def _first_prompt_title(prompt: str) -> str:
+    """A new conversation's title until the model has given it a better one."""
+    return " ".join(prompt.split())[:TITLE_LENGTH]
+
+
+TITLE_REQUEST = "Write a title of three to six words for this conversation. Reply with the title only."
+
+
+def conversation_title_start(*, answer_id: int) -> bool:
+    """Ask the model to title a conversation after its first exchange (a short generation).
+
+    Only while the conversation still bears the title taken from its first prompt: a
+    title the user gave is never replaced. Runs on this process's engine; returns whether
+    the generation was queued.
+    """
+    answer = Message.objects.select_related("conversation").filter(pk=answer_id).first()
+    if answer is None or answer.status != Message.Status.COMPLETE:
+        return False
+    conversation = answer.conversation
+    first_prompt = conversation.messages.filter(role=Message.Role.USER).first()
+    first_answer = conversation.messages.filter(role=Message.Role.ASSISTANT).first()
+    if first_prompt is None or first_answer is None or first_answer.pk != answer.pk:
+        return False
+    if conversation.title != _first_prompt_title(first_prompt.content):
+        return False
+    prompt = [
+        {"role": "user", "content": first_prompt.content[:TITLE_CONTEXT_CHARS]},
+        {"role": "assistant", "content": answer.content[:TITLE_CONTEXT_CHARS]},
+        {"role": "user", "content": TITLE_REQUEST},
+    ]
+    save = partial(conversation_save_title, conversation.pk, conversation.title)
+    job = Job(f"title-{uuid.uuid4().hex}", prompt, TITLE_PARAMS, on_finish=engine_thread_task(save))
+    try:
+        runtime.local_engine(conversation.model).submit(job)
+    except EngineOverloaded:
+        return False  # the busy engine's users come first; the title stays as it is
+    return True
+
+
+TITLE_CONTEXT_CHARS = 1000
+TITLE_PARAMS = GenerationParams(max_tokens=16, temperature=0.0)
+
+
+def conversation_save_title(conversation_id: uuid.UUID, replacing: str, result: GenerationResult) -> None:
+    """Save a generated title, unless the conversation was renamed meanwhile."""
+    title = clean_title(result.text) if result.status == "complete" else ""
+    if title:
+        # update() leaves updated_at alone: a new title does not move the conversation up.
+        Conversation.objects.filter(pk=conversation_id, title=replacing).update(title=title)
+
+
+def clean_title(text: str) -> str:
+    """The model's title without quotes, a "Title:" label or a closing full stop."""
+    line = next((line for line in text.strip().splitlines() if line.strip()), "")
+    line = re.sub(r"^\W*title\s*:\s*", "", line.strip(), flags=re.IGNORECASE)
+    line = line.strip().strip("\"'*#` \u2018\u2019\u201c\u201d").rstrip(".")
+    return line[:TITLE_LENGTH].strip()
 
 
 def _chat_history(conversation: Conversation, *, through: Message | None = None) -> list[dict[str, str]]:

@@ -46,6 +46,7 @@ class StreamStore(Protocol):
     ) -> AsyncIterator[list[StreamEvent]]: ...
     def beat(self, producer: str, ttl_s: float) -> None: ...
     def producer_alive(self, producer: str) -> bool: ...
+    def expire_finished(self) -> int: ...
 
 
 @dataclass
@@ -70,7 +71,7 @@ class InMemoryStreamStore:
 
     def create(self, stream_id: str) -> None:
         with self._lock:
-            self._expire_finished()
+            self._drop_expired()
             self._streams.setdefault(stream_id, _Stream())
 
     def append(self, stream_id: str, type: str, data: dict[str, Any]) -> int:
@@ -175,7 +176,12 @@ class InMemoryStreamStore:
         except KeyError:
             raise StreamNotFound(stream_id) from None
 
-    def _expire_finished(self) -> None:
+    def expire_finished(self) -> int:
+        """Drop the streams past their retention now (creating a stream also does)."""
+        with self._lock:
+            return self._drop_expired()
+
+    def _drop_expired(self) -> int:
         cutoff = time.monotonic() - self.retention_s
         expired = [
             stream_id
@@ -184,6 +190,7 @@ class InMemoryStreamStore:
         ]
         for stream_id in expired:
             del self._streams[stream_id]
+        return len(expired)
 
 
 def coalesced(events: Iterable[StreamEvent]) -> Iterator[StreamEvent]:

@@ -12,7 +12,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from accounts.models import Plan, UsageRecord
-from accounts.services import account_for, api_key_create
+from accounts.services import account_for, api_key_create, usage_rollup
 from generation.models import Conversation, Message
 
 pytestmark = pytest.mark.django_db
@@ -29,6 +29,11 @@ def usage(user, *, day: dt.date | None = None, prompt: int = 0, completion: int 
         created_at=when,
         **fields,
     )
+
+
+def roll_up_march_2025() -> None:
+    """The per-day view reads the rolled-up totals: roll up the days these tests use."""
+    usage_rollup(days=2, now=dt.datetime(2025, 3, 2, 23, tzinfo=dt.UTC))
 
 
 def daily_rows(page: str) -> dict[str, list[int]]:
@@ -183,6 +188,7 @@ def test_per_day_totals_sum_each_day(admin_client, alice, bob):
     usage(alice, day=dt.date(2025, 3, 1), prompt=10, completion=20)
     usage(bob, day=dt.date(2025, 3, 1), prompt=1, completion=2)
     usage(alice, day=dt.date(2025, 3, 2), prompt=100, completion=200)
+    roll_up_march_2025()
     response = admin_client.get(reverse("admin:accounts_usagerecord_daily"))
     assert response.status_code == 200
     assert daily_rows(response.content.decode()) == {
@@ -196,6 +202,7 @@ def test_per_day_totals_can_be_filtered_by_user(admin_client, alice, bob):
     usage(alice, day=dt.date(2025, 3, 1), prompt=10, completion=20)
     usage(bob, day=dt.date(2025, 3, 1), prompt=1, completion=2)
     usage(alice, day=dt.date(2025, 3, 2), prompt=100, completion=200)
+    roll_up_march_2025()
     page = admin_client.get(reverse("admin:accounts_usagerecord_daily"), {"user": bob.pk}).content.decode()
     assert daily_rows(page) == {"2025-03-01": [1, 1, 2, 3], "total": [1, 1, 2, 3]}
 
@@ -203,6 +210,7 @@ def test_per_day_totals_can_be_filtered_by_user(admin_client, alice, bob):
 def test_per_day_totals_honour_changelist_filters(admin_client, alice):
     usage(alice, day=dt.date(2025, 3, 1), prompt=10, completion=20, channel="ui")
     usage(alice, day=dt.date(2025, 3, 1), prompt=1, completion=2, channel="api")
+    roll_up_march_2025()
     page = admin_client.get(reverse("admin:accounts_usagerecord_daily"), {"channel__exact": "ui", "p": 3})
     assert daily_rows(page.content.decode()) == {"2025-03-01": [1, 10, 20, 30], "total": [1, 10, 20, 30]}
 

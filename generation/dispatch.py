@@ -1,0 +1,108 @@
+"""The web side of GENERATION_BACKEND=celery: admit a generation, then queue it for a worker.
+
+Web processes hold no model. A `CeleryDispatcher` stands where the in-process `Engine`
+stands (runtime.engine), with the same face for views, the API, the admin and metrics;
+generation tasks go to the `generation` Celery queue, and tokens come back through the
+Redis stream store.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from django.db import transaction
+
+from generation.admission import Admission
+from generation.jobs import GenerationTask
+from generation.streams import StreamStore
+
+logger = logging.getLogger(__name__)
+
+GENERATION_QUEUE = "generation"
+# The producer of a generation admitted but not yet taken by a worker. Every live worker
+# beats under this name too, so a queued generation counts as alive while some worker
+# can still take it, and is settled as interrupted when none is left.
+QUEUE_PRODUCER = "generation-queue"
+
+
+class CeleryDispatcher:
+    scheduler = "celery"
+    producer = QUEUE_PRODUCER
+    generated_tokens = 0  # counted by the workers, which generate
+
+    def __init__(self, model: str, load_tokenizer: Callable[[], Any], store: StreamStore, admission: Admission) -> None:
+        self.model = model
+        self._load = load_tokenizer
+        self.store = store
+        self.admission = admission
+        # Counts prompt tokens and knows the context length; not the model's weights.
+        self.generator: Any = None
+        self.load_error: str | None = None
+        self._loaded = threading.Event()
+        self._started = False
+        self._lock = threading.Lock()
+
+    @property
+    def ready(self) -> bool:
+        return self.generator is not None
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        self._loaded.wait(timeout)
+        return self.ready
+
+    def start(self) -> None:
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+        threading.Thread(target=self._load_tokenizer, name="chatsite-tokenizer", daemon=True).start()
+
+    def _load_tokenizer(self) -> None:
+        try:
+            self.generator = self._load()
+        except Exception as error:
+            logger.exception("Tokenizer failed to load")
+            self.load_error = f"{type(error).__name__}: {error}"
+        self._loaded.set()
+
+    @property
+    def max_concurrent(self) -> int:
+        """Rows of the workers alive now."""
+        return self.admission.state(self.model)[0]
+
+    @property
+    def active(self) -> int:
+        capacity, admitted = self.admission.state(self.model)
+        return min(capacity, admitted)
+
+    @property
+    def queued(self) -> int:
+        capacity, admitted = self.admission.state(self.model)
+        return max(0, admitted - capacity)
+
+    def submit(self, task: GenerationTask) -> None:
+        """Admit the task across all processes, then queue it once the transaction commits.
+
+        Raises EngineOverloaded when GENERATION_MAX_QUEUE generations already wait. A task
+        that has to wait is told how many are ahead of it (a `status` event), as in-process.
+        """
+        ahead = self.admission.admit(self.model, task.stream_id)
+        try:
+            self.store.create(task.stream_id)
+            if ahead >= 0:
+                self.store.append(task.stream_id, "status", {"state": "queued", "ahead": ahead})
+                task = replace(task, ahead=ahead)
+            # The worker reads the answer and usage rows: they must be committed first.
+            transaction.on_commit(lambda: self._enqueue(task))
+        except Exception:
+            self.admission.release(self.model, task.stream_id)
+            raise
+
+    def _enqueue(self, task: GenerationTask) -> None:
+        from generation.tasks import generate
+
+        generate.apply_async(args=[task.to_json()], queue=GENERATION_QUEUE)

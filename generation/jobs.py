@@ -1,0 +1,99 @@
+"""A generation as data, and the engine job that runs it and saves what it makes.
+
+A `GenerationTask` is what web processes hand over: plain JSON, so it can travel to a
+Celery worker. Wherever it runs, `job_for` turns it into the engine's `Job`, whose
+callbacks save the answer's progress, its result and the usage record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from functools import partial, wraps
+from typing import Any
+
+from django.conf import settings
+from django.db import close_old_connections, transaction
+
+from accounts.services import usage_finish
+from generation.engine import GenerationResult, Job
+from generation.generators import GenerationParams, Prompt
+from generation.models import Message
+
+
+@dataclass(frozen=True)
+class GenerationTask:
+    stream_id: str
+    model: str
+    prompt: Prompt
+    params: GenerationParams
+    # The chat answer it writes; None for API completions, which only have a usage record.
+    message_id: int | None = None
+    # Generations ahead of it when it was admitted, as told to its readers (None: none).
+    ahead: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GenerationTask:
+        params = {**data["params"], "stop": tuple(data["params"]["stop"])}
+        return cls(**{**data, "params": GenerationParams(**params)})
+
+
+def job_for(task: GenerationTask, *, on_done: Callable[[GenerationResult], None] | None = None) -> Job:
+    """The engine job of a task; `on_done` runs after the result is saved."""
+
+    def finish(result: GenerationResult) -> None:
+        usage_finish(stream_id=task.stream_id, **result.outcome_fields())
+        if task.message_id is not None:
+            message_finish(task.message_id, result)
+            if result.status == "complete" and settings.CHAT_AUTO_TITLE:
+                _title_if_first(task.message_id)
+        if on_done:
+            on_done(result)
+
+    on_progress = partial(message_save_progress, task.message_id) if task.message_id is not None else None
+    return Job(
+        stream_id=task.stream_id,
+        prompt=task.prompt,
+        params=task.params,
+        on_progress=engine_thread_task(on_progress) if on_progress else None,
+        on_finish=engine_thread_task(finish),
+        ahead=task.ahead,
+    )
+
+
+def message_save_progress(message_id: int, text: str) -> None:
+    """Save the text so far of a streaming answer."""
+    Message.objects.filter(pk=message_id, status=Message.Status.STREAMING).update(content=text)
+
+
+def message_finish(message_id: int, result: GenerationResult) -> None:
+    """Save a finished answer with its usage and timings."""
+    Message.objects.filter(pk=message_id).update(content=result.text, error=result.error, **result.outcome_fields())
+
+
+def _title_if_first(answer_id: int) -> None:
+    """After a conversation's first answer, a Celery task asks the model for its title."""
+    from generation.tasks import title
+
+    transaction.on_commit(lambda: title.delay(answer_id))
+
+
+def engine_thread_task(function: Callable[..., None]) -> Callable[..., None]:
+    """Run a write from the engine thread on a fresh connection, closed afterwards.
+
+    The engine thread lives as long as the process; without this it would hold a
+    database connection open between generations.
+    """
+
+    @wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        close_old_connections()
+        try:
+            function(*args, **kwargs)
+        finally:
+            close_old_connections()
+
+    return wrapper

@@ -1,0 +1,82 @@
+"""The model side of GENERATION_BACKEND=celery: what a generation worker process does.
+
+A worker (`celery -A chatsite worker -Q generation -P threads`) loads its models once
+and runs every generation task through one engine per model: each task is a thread that
+hands its job to the engine and waits for the end, so concurrent tasks share the
+engine's batches. While alive the worker beats, and registers the rows it can run with
+the cross-process admission (generation/admission.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from django.conf import settings
+
+from generation import runtime
+from generation.dispatch import QUEUE_PRODUCER
+from generation.engine import Engine, EngineOverloaded, GenerationResult
+from generation.jobs import GenerationTask, job_for
+from generation.registry import resolve_model
+from generation.services import generation_claim
+
+logger = logging.getLogger(__name__)
+
+_started = threading.Event()
+
+
+def thread_count() -> int:
+    """Task threads for one worker: a full batch, and a full queue behind it."""
+    spec = resolve_model(settings.CHAT_MODEL, synthetic_enabled=settings.CHAT_ENABLE_SYNTHETIC)
+    return runtime.max_concurrent(spec) + settings.GENERATION_MAX_QUEUE
+
+
+def start() -> None:
+    """At worker start: load the default model, and beat from now on."""
+    if _started.is_set():
+        return
+    _started.set()
+    runtime.local_engine()
+    threading.Thread(target=_beat, name="chatsite-worker-beat", daemon=True).start()
+
+
+def _beat() -> None:
+    store = runtime.stream_store()
+    admission = runtime.admission()
+    ttl_s = Engine.HEARTBEAT_S * 3
+    while True:
+        try:
+            store.beat(QUEUE_PRODUCER, ttl_s=ttl_s)
+            for model, engine in runtime.worker_engines().items():
+                if engine.ready:
+                    admission.register(model, engine.producer, engine.max_concurrent, ttl_s=ttl_s)
+        except Exception:
+            logger.exception("Worker heartbeat failed")
+        threading.Event().wait(Engine.HEARTBEAT_S)
+
+
+def generate(task: GenerationTask) -> str:
+    """Run one admitted generation on this worker's engine; return once it has ended."""
+    engine = runtime.local_engine(task.model)
+    if not generation_claim(stream_id=task.stream_id, message_id=task.message_id, producer=engine.producer):
+        logger.info("Generation %s was stopped, settled or taken before it started; skipped", task.stream_id)
+        return "skipped"
+    ended = threading.Event()
+    outcome: list[GenerationResult] = []
+
+    def done(result: GenerationResult) -> None:
+        runtime.admission().release(task.model, task.stream_id)
+        outcome.append(result)
+        ended.set()
+
+    job = job_for(task, on_done=done)
+    try:
+        engine.submit(job)
+    except EngineOverloaded as error:  # more than this worker's queue: admission allowed for more workers
+        refused = GenerationResult(text="", status="error", finish_reason="error", error=f"Overloaded: {error}")
+        assert job.on_finish is not None
+        job.on_finish(refused)
+        runtime.stream_store().append(task.stream_id, "error", {"message": refused.error, **refused.summary()})
+    ended.wait()
+    return outcome[0].status
