@@ -17,6 +17,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -120,6 +121,83 @@ class LiveSite:
                 pass
             time.sleep(0.05)
         raise TimeoutError(f"/readyz not 200 after {self.ready_timeout} s:\n{self.log()}")
+
+
+class LiveWorker:
+    """A Celery worker in a subprocess, with the environment of the sites it serves.
+
+    `queue="generation"` is a model worker (it loads CHAT_MODEL); `queue="housekeeping"`
+    with `beat=True` is the scheduler with its housekeeping worker (docs/scaling.md).
+    """
+
+    def __init__(self, env: dict[str, str], *, queue: str = "generation", beat: bool = False) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix=f"chatsite-{queue}-")
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
+        self.queue = queue
+        self.beat = beat
+        self.log_path = Path(self._tmp.name) / "worker.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> LiveWorker:
+        self.start()
+        return self
+
+    def start(self, ready_timeout: float = 120) -> None:
+        command = [sys.executable, "-m", "celery", "-A", "chatsite", "worker", "-Q", self.queue, "-P", "threads"]
+        command += ["-n", f"{self.queue}-{uuid.uuid4().hex[:8]}@%h", "--loglevel", "INFO", "--without-mingle"]
+        if self.beat:
+            command += ["-B", "-s", f"{self._tmp.name}/beat-schedule", "-c", "2"]
+        started = time.monotonic()
+        self.process = subprocess.Popen(
+            command, cwd=ROOT, env=self.env, stdout=self.log_path.open("ab"), stderr=subprocess.STDOUT
+        )
+        # A model worker says so once its engine has loaded and it took its place.
+        ready_line = "serves" if self.queue == "generation" else " ready."
+        while ready_line not in self.log():
+            if self.process.poll() is not None:
+                raise RuntimeError(f"celery worker exited with {self.process.returncode}:\n{self.log()}")
+            if time.monotonic() > started + ready_timeout:
+                raise TimeoutError(f"celery worker not ready after {ready_timeout} s:\n{self.log()}")
+            time.sleep(0.1)
+
+    def kill(self) -> None:
+        """SIGKILL, as the OOM killer would."""
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def stop(self) -> None:
+        if self.process:
+            stop_process(self.process, grace_s=5)
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        self._tmp.cleanup()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@contextmanager
+def scratch_database() -> Iterator[str]:
+    """A database URL of its own for live processes: PostgreSQL when DATABASE_URL names
+    one (a new database beside it, dropped afterwards), else an SQLite file."""
+    configured = os.environ.get("DATABASE_URL", "")
+    if not configured.startswith("postgres"):
+        with tempfile.TemporaryDirectory(prefix="chatsite-db-") as folder:
+            yield f"sqlite:///{folder}/db.sqlite3"
+        return
+    import psycopg
+
+    name = f"chatsite_live_{uuid.uuid4().hex[:12]}"
+    base, _, _ = configured.rpartition("/")
+    with psycopg.connect(configured, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"{base}/{name}"
+    finally:
+        with psycopg.connect(configured, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @dataclass

@@ -248,8 +248,16 @@ class RedisStreamStore:
             if client is None:
                 # Every reader in this loop shares one bounded pool; past the bound a reader
                 # waits for a free connection instead of opening yet another socket.
+                # No socket timeout (redis-py's default is 5 s): XREAD BLOCK waits up to a
+                # heartbeat (15 s) for good reason. Keepalive still finds dead connections.
                 pool = aredis.BlockingConnectionPool.from_url(
-                    self.url, max_connections=self.max_connections, timeout=30, decode_responses=True, protocol=2
+                    self.url,
+                    max_connections=self.max_connections,
+                    timeout=30,
+                    decode_responses=True,
+                    protocol=2,
+                    socket_timeout=None,
+                    socket_keepalive=True,
                 )
                 client = aredis.Redis.from_pool(pool)
                 self._async[loop] = client

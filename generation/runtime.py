@@ -84,6 +84,7 @@ def engine(model: str | None = None) -> Engine | CeleryDispatcher:
     if settings.GENERATION_BACKEND != "celery":
         return local_engine(model)
     name = model or settings.CHAT_MODEL
+    store, bound = stream_store(), admission()
     with _lock:
         if name not in _engines:
             from generation.dispatch import CeleryDispatcher
@@ -95,7 +96,7 @@ def engine(model: str | None = None) -> Engine | CeleryDispatcher:
                 cache_dir=settings.MODEL_CACHE_DIR,
                 synthetic_tokens_per_s=settings.CHAT_SYNTHETIC_TOKENS_PER_S,
             )
-            _engines[name] = CeleryDispatcher(name, load, stream_store(), admission())
+            _engines[name] = CeleryDispatcher(name, load, store, bound)
         found = _engines[name]
     found.start()
     return found

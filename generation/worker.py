@@ -45,12 +45,18 @@ def _beat() -> None:
     store = runtime.stream_store()
     admission = runtime.admission()
     ttl_s = Engine.HEARTBEAT_S * 3
+    announced: set[str] = set()
     while True:
         try:
             store.beat(QUEUE_PRODUCER, ttl_s=ttl_s)
             for model, engine in runtime.worker_engines().items():
                 if engine.ready:
                     admission.register(model, engine.producer, engine.max_concurrent, ttl_s=ttl_s)
+                    if model not in announced:
+                        announced.add(model)
+                        logger.info(
+                            "Worker %s serves %s: %d rows at once", engine.producer, model, engine.max_concurrent
+                        )
         except Exception:
             logger.exception("Worker heartbeat failed")
         threading.Event().wait(Engine.HEARTBEAT_S)
@@ -62,6 +68,7 @@ def generate(task: GenerationTask) -> str:
     if not generation_claim(stream_id=task.stream_id, message_id=task.message_id, producer=engine.producer):
         logger.info("Generation %s was stopped, settled or taken before it started; skipped", task.stream_id)
         return "skipped"
+    logger.info("Generating %s with %s", task.stream_id, task.model)
     ended = threading.Event()
     outcome: list[GenerationResult] = []
 

@@ -222,6 +222,15 @@ async def test_reader_gets_an_empty_batch_as_heartbeat_during_silence(store):
     await reader.aclose()
 
 
+async def test_a_silence_longer_than_a_socket_timeout_is_a_heartbeat_not_an_error(store):
+    # redis-py times socket reads out after 5 s by default; a reader blocks for longer.
+    store.create("s")
+    reader = store.read("s", heartbeat_s=6)
+
+    assert await asyncio.wait_for(anext(reader), 10) == []
+    await reader.aclose()
+
+
 async def test_events_that_arrive_together_come_as_one_batch(store):
     store.create("s")
     produce(store, "s", list("abcdef"))
