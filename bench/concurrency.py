@@ -421,8 +421,8 @@ def load_settings(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def started_site(args: argparse.Namespace) -> LiveSite:
-    """chatsite under daphne, configured from the flags, with the model prepared first."""
+def site_env(args: argparse.Namespace) -> dict[str, str]:
+    """The model settings of chatsite's environment, from the flags."""
     env = {"CHAT_MODEL": args.model, "GENERATION_SCHEDULER": args.scheduler}
     if args.max_concurrent:
         env["GENERATION_MAX_CONCURRENT"] = str(args.max_concurrent)
@@ -430,7 +430,18 @@ def started_site(args: argparse.Namespace) -> LiveSite:
         env["CHAT_DEVICE"] = args.device
     if args.dtype:
         env["CHAT_DTYPE"] = args.dtype
+    return env
+
+
+def prepare_model(env: dict[str, str]) -> None:
+    """Download and convert the model once, before any server start is timed."""
     subprocess.run([sys.executable, "manage.py", "prepare_model"], cwd=ROOT, env={**os.environ, **env}, check=True)
+
+
+def started_site(args: argparse.Namespace) -> LiveSite:
+    """chatsite under daphne, configured from the flags, with the model prepared first."""
+    env = site_env(args)
+    prepare_model(env)
     return LiveSite(env=env)
 
 

@@ -320,7 +320,7 @@ def run_bare(args: argparse.Namespace) -> dict[str, Any]:
         cpu_before = process_cpu_s(process.pid)
         bench_cpu_before = time.process_time()
         results, started = asyncio.run(bare_clients(port, args, counters))
-        figures = summarize(results, started, counters, args)
+        figures = summarize(results, started, counters, args.clients * args.rate)
         figures["server_cpu_s"] = process_cpu_s(process.pid) - cpu_before
         figures["bench_cpu_s"] = time.process_time() - bench_cpu_before
         figures.update(memory(process.pid))
@@ -363,55 +363,19 @@ async def chat_clients(
     `--clients` readers, spread evenly over those streams, read them to `done`."""
     results = [StreamResult() for _ in range(args.clients)]
     posting = asyncio.Semaphore(args.ramp_concurrency)
-    cookie = "; ".join(f"{name}={value}" for name, value in cookies.items())
-    form = urlencode({"prompt": PROMPT}).encode()
-    post_headers = {
-        "Cookie": cookie,
-        "HX-Request": "true",
-        "X-CSRFToken": cookies["csrftoken"],
-        "Content-Type": "application/x-www-form-urlencoded",
-    }
+    cookie = cookie_header(cookies)
 
     async def start(conversation_id: str) -> str:
         async with posting:
-            response = await http_request(port, "POST", f"/chat/{conversation_id}/", counters, post_headers, form)
-            html = await response.body()
-        found = STREAM_URL.search(html)
-        if response.status != 200 or not found:
-            raise RuntimeError(f"POST answered {response.status}: {html[:200]!r}")
-        return found.group(1).decode()
+            return await post_prompt(port, conversation_id, cookies, counters)
 
     async def client(stream_url: str, result: StreamResult) -> None:
-        def on_blocks(now: float, blocks: list[bytes]) -> bool:
-            for block in blocks:
-                kind, seq, data = parse_block(block)
-                if not data:
-                    continue  # a heartbeat comment
-                if kind == b"token":
-                    delta = json.loads(data[0])["delta"]
-                    result.pieces.append(delta)
-                    result.saw_event(now, seq, len(delta.split()))
-                elif kind == b"done":
-                    result.saw_event(now, seq, 0)
-                    result.ended = True
-                    return True
-                else:
-                    result.error = f"unexpected event {kind!r}: {b' '.join(data)[:200]!r}"
-                    return True
-            return False
-
         try:
             result.opened_at = time.perf_counter()
-            result.stream_id = stream_url.rstrip("/").rsplit("/", 1)[-1]
-            stream = await http_request(
-                port, "GET", stream_url, counters, {"Cookie": cookie, "Accept": "text/event-stream"}
-            )
+            stream = await open_chat_stream(port, stream_url, cookie, result, counters)
             result.setup_s = time.perf_counter() - result.opened_at
-            if stream.status != 200:
-                result.error = f"stream answered {stream.status}"
-                stream.close()
-                return
-            await read_events(stream, on_blocks)
+            if stream is not None:
+                await read_chat_stream(stream, result)
         except Exception as error:
             result.error = f"{type(error).__name__}: {error}"
 
@@ -420,6 +384,64 @@ async def chat_clients(
         (client(stream_urls[n % len(stream_urls)], result) for n, result in enumerate(results)), args.timeout
     )
     return results
+
+
+def cookie_header(cookies: dict[str, str]) -> str:
+    return "; ".join(f"{name}={value}" for name, value in cookies.items())
+
+
+async def post_prompt(port: int, conversation_id: str, cookies: dict[str, str], counters: Counters) -> str:
+    """Send PROMPT to a conversation the way the HTMX form does; returns the answer's stream URL."""
+    headers = {
+        "Cookie": cookie_header(cookies),
+        "HX-Request": "true",
+        "X-CSRFToken": cookies["csrftoken"],
+        "Content-Type": "application/x-www-form-urlencoded",
+    }
+    form = urlencode({"prompt": PROMPT}).encode()
+    response = await http_request(port, "POST", f"/chat/{conversation_id}/", counters, headers, form)
+    html = await response.body()
+    found = STREAM_URL.search(html)
+    if response.status != 200 or not found:
+        raise RuntimeError(f"POST answered {response.status}: {html[:200]!r}")
+    return found.group(1).decode()
+
+
+async def open_chat_stream(
+    port: int, stream_url: str, cookie: str, result: StreamResult, counters: Counters
+) -> Response | None:
+    """GET an answer's SSE stream up to its response head; None (and `result.error`) if refused."""
+    result.stream_id = stream_url.rstrip("/").rsplit("/", 1)[-1]
+    stream = await http_request(port, "GET", stream_url, counters, {"Cookie": cookie, "Accept": "text/event-stream"})
+    if stream.status != 200:
+        result.error = f"stream answered {stream.status}"
+        stream.close()
+        return None
+    return stream
+
+
+async def read_chat_stream(stream: Response, result: StreamResult) -> None:
+    """Read an answer's token events into `result` until its `done` event."""
+
+    def on_blocks(now: float, blocks: list[bytes]) -> bool:
+        for block in blocks:
+            kind, seq, data = parse_block(block)
+            if not data:
+                continue  # a heartbeat comment
+            if kind == b"token":
+                delta = json.loads(data[0])["delta"]
+                result.pieces.append(delta)
+                result.saw_event(now, seq, len(delta.split()))
+            elif kind == b"done":
+                result.saw_event(now, seq, 0)
+                result.ended = True
+                return True
+            else:
+                result.error = f"unexpected event {kind!r}: {b' '.join(data)[:200]!r}"
+                return True
+        return False
+
+    await read_events(stream, on_blocks)
 
 
 def run_chatsite(args: argparse.Namespace) -> dict[str, Any]:
@@ -433,24 +455,17 @@ def run_chatsite(args: argparse.Namespace) -> dict[str, Any]:
     with LiveSite(env=env) as site:
         assert site.process is not None
         _children.append(site.process)
-        # The bench process reads and writes the live site's database directly, with
-        # the same settings, to create conversations and check what was saved.
-        for name in ("DATABASE_URL", "DJANGO_SECRET_KEY", *env):
-            os.environ[name] = site.env[name]
-        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
-        import django
-
-        django.setup()
+        use_site_settings(site.env, ("DATABASE_URL", "DJANGO_SECRET_KEY", *env))
         from django.contrib.auth import get_user_model
         from django.db import connections
 
-        from generation.models import Conversation, Message
+        from generation.models import Conversation
 
         client = ChatClient(site.base_url)
         client.signup("fanout")
         cookies = {name: client.http.cookies[name] for name in ("sessionid", "csrftoken")}
         user = get_user_model().objects.get(username="fanout")
-        lift_limits(user, args)
+        lift_limits(user, readers=args.clients, tokens=args.tokens)
         conversations = Conversation.objects.bulk_create(
             Conversation(user=user, model="synthetic", max_tokens=args.tokens) for _ in range(args.streams)
         )
@@ -464,22 +479,65 @@ def run_chatsite(args: argparse.Namespace) -> dict[str, Any]:
         server_cpu_s = process_cpu_s(site.process.pid) - cpu_before
         bench_cpu_s = time.process_time() - bench_cpu_before
         rss = memory(site.process.pid)
-        saved = {
-            row["stream_id"]: row
-            for row in Message.objects.filter(stream_id__in=[r.stream_id for r in results if r.stream_id]).values(
-                "stream_id", "content", "status", "completion_tokens"
-            )
-        }
+        saved = saved_answers(results)
         connections.close_all()
         errors_logged = site.log().count("Traceback")
 
-    expected = " ".join(itertools.islice(itertools.cycle(SYNTHETIC_TEXT.split()), args.tokens))
+    figures = chat_figures(results, saved, args.tokens, counters, args.clients * args.rate)
+    figures.update(
+        server_cpu_s=server_cpu_s,
+        bench_cpu_s=bench_cpu_s,
+        server_log_tracebacks=errors_logged,
+        loadavg_before=load,
+        **rss,
+    )
+    return figures
+
+
+def use_site_settings(site_env: dict[str, str], names: Iterable[str]) -> None:
+    """Set Django up in this process with a live site's settings `names`.
+
+    The bench process reads and writes the live site's database directly, with the same
+    settings, to create conversations and check what was saved.
+    """
+    for name in names:
+        os.environ[name] = site_env[name]
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
+    import django
+
+    django.setup()
+
+
+def saved_answers(results: list[StreamResult]) -> dict[str, dict[str, Any]]:
+    """The saved answer of each stream read, by stream id (Django set up; see use_site_settings)."""
+    from generation.models import Message
+
+    stream_ids = [r.stream_id for r in results if r.stream_id]
+    rows = Message.objects.filter(stream_id__in=stream_ids).values(
+        "stream_id", "content", "status", "completion_tokens"
+    )
+    return {row["stream_id"]: row for row in rows}
+
+
+def chat_figures(
+    results: list[StreamResult],
+    saved: dict[str, dict[str, Any]],
+    tokens: int,
+    counters: Counters,
+    ideal_events_per_s: float,
+) -> dict[str, Any]:
+    """Check each chatsite stream (sets `done`) and sum the streams up.
+
+    A stream is done when it ended with `done`, its ids rose, its text is the synthetic
+    model's first `tokens` words, and its saved answer is complete with that same text.
+    """
+    expected = " ".join(itertools.islice(itertools.cycle(SYNTHETIC_TEXT.split()), tokens))
     checks = {"ended_with_done": 0, "words_exact": 0, "text_expected": 0, "ids_increasing": 0, "saved_complete": 0}
     for result in results:
         text = result.text
         row = saved.get(result.stream_id)
         checks["ended_with_done"] += result.ended
-        checks["words_exact"] += len(text.split()) == args.tokens
+        checks["words_exact"] += len(text.split()) == tokens
         checks["text_expected"] += text == expected
         checks["ids_increasing"] += result.in_order and result.events > 0
         checks["saved_complete"] += row is not None and row["status"] == "complete" and row["content"] == text
@@ -492,7 +550,7 @@ def run_chatsite(args: argparse.Namespace) -> dict[str, Any]:
             and row["content"] == text
         )
     starts = [r.first_at for r in results if r.first_at is not None]
-    figures = summarize(results, min(starts) if starts else time.perf_counter(), counters, args)
+    figures = summarize(results, min(starts) if starts else time.perf_counter(), counters, ideal_events_per_s)
     words = sum(len(r.text.split()) for r in results)
     figures["tokens"] = words
     # A reader that connects after its stream began gets the backlog in its first event
@@ -510,26 +568,18 @@ def run_chatsite(args: argparse.Namespace) -> dict[str, Any]:
         if r.ended and r.pieces and r.first_at is not None and r.last_at is not None and r.last_at > r.first_at
     ]
     figures["per_stream_tokens_per_s_median"] = statistics.median(per_stream) if per_stream else 0.0
-    figures.update(
-        checks=checks,
-        complete=sum(r.done for r in results),
-        server_cpu_s=server_cpu_s,
-        bench_cpu_s=bench_cpu_s,
-        server_log_tracebacks=errors_logged,
-        loadavg_before=load,
-        **rss,
-    )
+    figures.update(checks=checks, complete=sum(r.done for r in results))
     return figures
 
 
-def lift_limits(user: Any, args: argparse.Namespace) -> None:
+def lift_limits(user: Any, *, readers: int, tokens: int) -> None:
     """Let the one bench user run every stream at once: the plan's limits are per user."""
     from accounts.services import account_for
 
     account = account_for(user)
-    account.requests_per_minute = args.clients * 10
-    account.max_concurrent_streams = args.clients * 2
-    account.max_tokens_per_request = max(args.tokens, 1024)
+    account.requests_per_minute = readers * 10
+    account.max_concurrent_streams = readers * 2
+    account.max_tokens_per_request = max(tokens, 1024)
     account.tokens_per_day = 2_000_000_000
     account.save()
 
@@ -545,7 +595,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def summarize(
-    results: list[StreamResult], started: float, counters: Counters, args: argparse.Namespace
+    results: list[StreamResult], started: float, counters: Counters, ideal_events_per_s: float
 ) -> dict[str, Any]:
     """Aggregate figures over streams; `started` is when the wall-clock window opens."""
     lasts = [r.last_at for r in results if r.last_at is not None]
@@ -569,7 +619,7 @@ def summarize(
         "events": events,
         "wall_s": wall,
         "events_per_s": events / wall if wall else 0.0,
-        "ideal_events_per_s": args.clients * args.rate,
+        "ideal_events_per_s": ideal_events_per_s,
         "gap_p50_ms": percentile(gaps, 0.50) * 1000,
         "gap_p99_ms": percentile(gaps, 0.99) * 1000,
         "gap_max_ms": max(gaps, default=float("nan")) * 1000,
@@ -608,12 +658,17 @@ def memory(pid: int) -> dict[str, float]:
     }
 
 
-def start_watchdog(seconds: float) -> None:
-    """Whatever hangs (a server start, a stuck phase), the run ends and takes its servers down."""
+def start_watchdog(
+    seconds: float, processes: list[subprocess.Popen[bytes]] = _children, name: str = "bench.fanout"
+) -> None:
+    """Whatever hangs (a server start, a stuck phase), the run ends and takes `processes` down.
+
+    `processes` is read when the time is up: servers started later can be appended to it.
+    """
 
     def fire() -> None:
-        print(f"bench.fanout: still running after {seconds:.0f} s, giving up", file=sys.stderr, flush=True)
-        for process in _children:
+        print(f"{name}: still running after {seconds:.0f} s, giving up", file=sys.stderr, flush=True)
+        for process in processes:
             if process.poll() is None:
                 process.kill()
         os._exit(3)

@@ -58,6 +58,9 @@ class LiveSite:
             # Its own Redis keys: users of its own database must not share rate-limit
             # counters (keyed by user id) with another database's users on the same Redis.
             "REDIS_KEY_PREFIX": f"chatsite-live-{uuid.uuid4().hex[:12]}",
+            # No title generations after first answers, which would take batch rows and
+            # queue places that tests and benchmarks count; those about titles turn it on.
+            "CHAT_AUTO_TITLE": "0",
             **(env or {}),
         }
         self.ready_timeout = ready_timeout
@@ -198,6 +201,25 @@ def scratch_database() -> Iterator[str]:
     finally:
         with psycopg.connect(configured, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextmanager
+def scratch_redis_prefix(url: str, name: str = "chatsite-bench") -> Iterator[str]:
+    """A REDIS_KEY_PREFIX of its own on the Redis at `url`; its keys are deleted afterwards.
+
+    Celery's queues are not under the prefix: deployments that share a Redis database
+    share the `generation` queue too.
+    """
+    import redis
+
+    prefix = f"{name}-{uuid.uuid4().hex[:12]}"
+    try:
+        yield prefix
+    finally:
+        client = redis.Redis.from_url(url)
+        for key in client.scan_iter(match=f"{prefix}:*", count=1000):
+            client.delete(key)
+        client.close()
 
 
 @dataclass

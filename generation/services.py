@@ -325,8 +325,10 @@ def conversation_save_title(conversation_id: uuid.UUID, replacing: str, result: 
 
 
 def clean_title(text: str) -> str:
-    """The model's title without quotes, a "Title:" label or a closing full stop."""
-    line = next((line for line in text.strip().splitlines() if line.strip()), "")
+    """The model's title without a lead-in line, quotes, a "Title:" label or a full stop."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    # Small models often announce the title ("Here's a title:") on a line of its own.
+    line = next((line for line in lines if not line.rstrip().endswith(":")), lines[0] if lines else "")
     line = re.sub(r"^\W*title\s*:\s*", "", line.strip(), flags=re.IGNORECASE)
     line = line.strip().strip("\"'*#` \u2018\u2019\u201c\u201d").rstrip(".")
     return line[:TITLE_LENGTH].strip()

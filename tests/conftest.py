@@ -29,6 +29,13 @@ def _plain_static_storage(settings):
     }
 
 
+@pytest.fixture(autouse=True)
+def _no_titles_unless_asked(settings):
+    # A title is one more generation after each first answer; tests that count
+    # generations or queue places would see it. Title tests turn it back on.
+    settings.CHAT_AUTO_TITLE = False
+
+
 @pytest.fixture
 def alice(django_user_model):
     return django_user_model.objects.create_user("alice", password=PASSWORD)

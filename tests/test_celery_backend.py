@@ -37,6 +37,7 @@ def deployment():
             "CHAT_ENABLE_SYNTHETIC": "1",
             "CHAT_MODEL": "synthetic",
             "CHAT_SYNTHETIC_TOKENS_PER_S": "50",
+            "CHAT_AUTO_TITLE": "1",
             # Two rows and two queue places in all, so that the bound is easy to reach.
             "GENERATION_MAX_CONCURRENT": "2",
             "GENERATION_MAX_QUEUE": "2",

@@ -1,0 +1,328 @@
+"""The parts of GENERATION_BACKEND=celery, one at a time: tasks as data, the Redis
+admission bound, the dispatcher, the worker's claim, housekeeping and titles.
+
+The whole deployment, with real processes, is tests/test_celery_backend.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+
+import pytest
+from django.conf import settings as django_settings
+from django.db import transaction
+
+from accounts.models import UsageRecord
+from accounts.services import STREAMING
+from chatsite.celery import app
+from generation import runtime, services, worker
+from generation.dispatch import QUEUE_PRODUCER, CeleryDispatcher
+from generation.engine import EngineOverloaded, GenerationResult
+from generation.generators import GenerationParams, SyntheticGenerator, load_chat_tokenizer
+from generation.jobs import GenerationTask
+from generation.models import Conversation, Message
+from generation.registry import resolve_model
+from tests.conftest import wait_for_terminal, wait_until
+
+# The engine's threads write while tests read: no test-wide transaction holding locks.
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def task_for(stream_id: str = "s1", **kwargs) -> GenerationTask:
+    params = GenerationParams(max_tokens=5, temperature=0.3, top_p=0.9, seed=7, stop=("\n\n",))
+    return GenerationTask(stream_id, django_settings.CHAT_MODEL, [{"role": "user", "content": "Hi"}], params, **kwargs)
+
+
+def test_a_task_survives_the_trip_through_json():
+    task = task_for(message_id=12, ahead=3)
+
+    assert GenerationTask.from_json(json.loads(json.dumps(task.to_json()))) == task
+
+
+@pytest.fixture
+def admission():
+    if not os.environ.get("REDIS_URL"):
+        pytest.skip("needs REDIS_URL (a real Redis)")
+    from generation.admission import Admission
+
+    prefix = f"chatsite-test-{uuid.uuid4().hex[:12]}"
+    bound = Admission(os.environ["REDIS_URL"], prefix=prefix, max_queue=2)
+    yield bound
+    for key in bound._redis.scan_iter(match=f"{prefix}:*"):
+        bound._redis.delete(key)
+
+
+def test_admission_bounds_running_plus_waiting_by_live_workers_rows(admission):
+    admission.register("m", "worker-1", rows=2, ttl_s=30)
+
+    assert [admission.admit("m", f"s{n}") for n in range(4)] == [-2, -1, 0, 1]  # two rows, two places
+    with pytest.raises(EngineOverloaded):
+        admission.admit("m", "s5")
+    assert admission.state("m") == (2, 4)
+
+    admission.release("m", "s0")
+    assert admission.admit("m", "s5") == 1
+    assert admission.admit("other-model", "x") == 0  # no worker for it yet: it may wait
+
+
+def test_a_worker_that_stops_registering_no_longer_counts(admission):
+    admission.register("m", "worker-1", rows=3, ttl_s=30)
+    admission.register("m", "worker-2", rows=5, ttl_s=0.2)
+    assert admission.state("m") == (8, 0)
+
+    time.sleep(0.3)
+
+    assert admission.state("m") == (3, 0)
+
+
+def test_admitted_lists_places_by_age(admission):
+    admission.admit("m", "old")
+    time.sleep(0.3)
+    admission.admit("m", "new")
+
+    assert admission.admitted("m", older_than_s=0.2) == ["old"]
+    assert sorted(admission.admitted("m")) == ["new", "old"]
+    assert admission.models() == ["m"]
+
+
+@pytest.fixture
+def dispatcher(admission, stream_store, monkeypatch):
+    queued: list[GenerationTask] = []
+    found = CeleryDispatcher("synthetic", lambda: SyntheticGenerator(50), stream_store, admission)
+    monkeypatch.setattr(found, "_enqueue", queued.append)
+    found.queued_tasks = queued
+    return found
+
+
+def test_dispatcher_tells_a_waiting_task_its_place_and_queues_it(dispatcher, stream_store):
+    dispatcher.admission.register("synthetic", "w", rows=1, ttl_s=30)
+
+    dispatcher.submit(task_for("first"))
+    dispatcher.submit(task_for("second"))
+
+    assert [t.stream_id for t in dispatcher.queued_tasks] == ["first", "second"]
+    assert [t.ahead for t in dispatcher.queued_tasks] == [None, 0]
+    assert stream_store.events("first") == []
+    assert [(e.type, e.data) for e in stream_store.events("second")] == [("status", {"state": "queued", "ahead": 0})]
+    assert (dispatcher.max_concurrent, dispatcher.active, dispatcher.queued) == (1, 1, 1)
+
+
+def test_dispatcher_refuses_past_the_bound_and_queues_nothing(dispatcher, stream_store):
+    for n in range(2):
+        dispatcher.submit(task_for(f"s{n}"))  # no live worker: two may wait
+    with pytest.raises(EngineOverloaded):
+        dispatcher.submit(task_for("s2"))
+    assert len(dispatcher.queued_tasks) == 2 and not stream_store.exists("s2")
+
+
+def test_generation_start_under_celery_records_the_queue_as_producer(alice, dispatcher, stream_store, settings):
+    settings.GENERATION_BACKEND = "celery"
+    settings.CHAT_MODEL = "synthetic"
+    runtime._engines["synthetic"] = dispatcher
+
+    with transaction.atomic():
+        started = services.generation_start(
+            user=alice,
+            channel="api",
+            model="synthetic",
+            prompt="Hi",
+            params=GenerationParams(max_tokens=5),
+            requested_max_tokens=5,
+        )
+        assert dispatcher.queued_tasks == []  # not before the transaction commits
+
+    record = UsageRecord.objects.get(stream_id=started.stream_id)
+    assert record.producer == QUEUE_PRODUCER and record.status == STREAMING
+    assert dispatcher.queued_tasks[0].stream_id == started.stream_id
+    assert dispatcher.queued_tasks[0].params.max_tokens == 5
+
+
+def queued_answer(user, stream_id: str = "q1") -> Message:
+    conversation = Conversation.objects.create(user=user, model="synthetic")
+    conversation.messages.create(role="user", content="Hi")
+    UsageRecord.objects.create(user=user, channel="ui", model="synthetic", stream_id=stream_id, producer=QUEUE_PRODUCER)
+    return conversation.messages.create(
+        role="assistant", status="streaming", stream_id=stream_id, model="synthetic", producer=QUEUE_PRODUCER
+    )
+
+
+def test_a_queued_generation_is_claimed_once(alice):
+    answer = queued_answer(alice)
+
+    assert services.generation_claim(stream_id="q1", message_id=answer.pk, producer="worker-a")
+    assert not services.generation_claim(stream_id="q1", message_id=answer.pk, producer="worker-b")
+
+    answer.refresh_from_db()
+    assert answer.producer == "worker-a"
+    assert UsageRecord.objects.get(stream_id="q1").producer == "worker-a"
+
+
+def test_a_generation_settled_while_queued_is_not_claimed(alice):
+    answer = queued_answer(alice)
+    UsageRecord.objects.filter(stream_id="q1").update(status="interrupted")
+
+    assert not services.generation_claim(stream_id="q1", message_id=answer.pk, producer="worker-a")
+
+
+@pytest.fixture
+def worker_admission(monkeypatch):
+    released: list[tuple[str, str]] = []
+
+    class Released:
+        def release(self, model: str, stream_id: str) -> None:
+            released.append((model, stream_id))
+
+    monkeypatch.setattr(runtime, "admission", Released)
+    return released
+
+
+def test_the_worker_runs_a_claimed_task_to_the_end_and_frees_its_place(alice, fast_engine, worker_admission):
+    answer = queued_answer(alice)
+    fast_engine.store.create("q1")
+    task = task_for("q1", message_id=answer.pk)
+
+    assert worker.generate(GenerationTask.from_json(task.to_json())) == "complete"
+
+    answer.refresh_from_db()
+    assert answer.status == "complete" and answer.producer == runtime.PRODUCER and answer.content
+    assert UsageRecord.objects.get(stream_id="q1").completion_tokens == answer.completion_tokens
+    assert wait_for_terminal(fast_engine.store, "q1")[-1].type == "done"
+    assert worker_admission == [(django_settings.CHAT_MODEL, "q1")]
+
+
+def test_the_worker_skips_a_task_delivered_again(alice, fast_engine, worker_admission):
+    answer = queued_answer(alice)
+    services.generation_claim(stream_id="q1", message_id=answer.pk, producer="a-worker-that-died")
+
+    assert worker.generate(task_for("q1", message_id=answer.pk)) == "skipped"
+    assert not fast_engine.store.exists("q1")  # nothing generated
+
+
+def test_every_scheduled_housekeeping_task_exists():
+    app.loader.import_default_modules()
+
+    for entry in django_settings.CELERY_BEAT_SCHEDULE.values():
+        assert entry["task"] in app.tasks, entry
+
+
+def test_reaping_settles_dead_runs(alice, stream_store):
+    conversation = Conversation.objects.create(user=alice, model="m")
+    dead = conversation.messages.create(role="assistant", status="streaming", stream_id="d1", producer="gone:1:x")
+    stream_store.create("d1")
+
+    assert app.tasks["generation.reap_dead_runs"]() == 1
+
+    dead.refresh_from_db()
+    assert dead.status == "interrupted"
+    assert stream_store.events("d1")[-1].type == "error"
+
+
+def test_reaping_gives_back_admission_places_of_runs_that_ended(alice, admission, stream_store, settings, monkeypatch):
+    settings.GENERATION_BACKEND = "celery"
+    monkeypatch.setattr(runtime, "_admission", admission)
+    UsageRecord.objects.create(user=alice, channel="api", model="m", stream_id="ended", status="complete")
+    UsageRecord.objects.create(user=alice, channel="api", model="m", stream_id="running", producer=runtime.PRODUCER)
+    admission.register("m", "w", rows=8, ttl_s=30)
+    admission.admit("m", "ended")
+    admission.admit("m", "running")
+    admission.admit("m", "lost")  # queueing failed: no usage record was kept
+    admission._redis.zadd(admission._keys("m")[2], {"ended": 0, "running": 0, "lost": 0})  # long ago
+
+    services.runs_reap()
+
+    assert admission.admitted("m") == ["running"]
+
+
+# Titles
+
+
+def first_exchange(user, *, title: str = "please explain tides") -> Message:
+    conversation = Conversation.objects.create(user=user, model=django_settings.CHAT_MODEL, title=title)
+    conversation.messages.create(role="user", content="please explain tides")
+    return conversation.messages.create(
+        role="assistant", status="complete", content="Tides are the rise and fall of the sea, caused by the Moon."
+    )
+
+
+@pytest.fixture(autouse=True)
+def _titles(settings):
+    settings.CHAT_AUTO_TITLE = True
+
+
+def test_a_new_conversation_gets_the_models_title(alice, fast_engine):
+    answer = first_exchange(alice)
+
+    assert app.tasks["generation.title"](answer.pk)
+
+    wait_until(lambda: Conversation.objects.get(pk=answer.conversation_id).title != "please explain tides", 5)
+    title = Conversation.objects.get(pk=answer.conversation_id).title
+    assert 0 < len(title) <= services.TITLE_LENGTH and "\n" not in title
+
+
+def test_a_renamed_conversation_keeps_its_name(alice, fast_engine):
+    answer = first_exchange(alice, title="My tides notes")
+
+    assert not services.conversation_title_start(answer_id=answer.pk)
+
+
+def test_only_the_first_answer_titles(alice, fast_engine):
+    answer = first_exchange(alice)
+    answer.conversation.messages.create(role="user", content="more")
+    later = answer.conversation.messages.create(role="assistant", status="complete", content="More.")
+
+    assert not services.conversation_title_start(answer_id=later.pk)
+
+
+def test_a_rename_during_titling_wins(alice, stream_store):
+    answer = first_exchange(alice)
+    Conversation.objects.filter(pk=answer.conversation_id).update(title="Renamed meanwhile")
+    result = GenerationResult(text="Tides and the Moon", status="complete", finish_reason="stop")
+
+    services.conversation_save_title(answer.conversation_id, "please explain tides", result)
+
+    assert Conversation.objects.get(pk=answer.conversation_id).title == "Renamed meanwhile"
+
+
+@pytest.mark.parametrize(
+    ("text", "title"),
+    [
+        ('"Tides and the Moon"', "Tides and the Moon"),
+        ("Title: Ocean tides explained.\nMore text", "Ocean tides explained"),
+        ("**How tides work**", "How tides work"),
+        ("Here's a possible title for the conversation:\n\nPython: A Beginner", "Python: A Beginner"),
+        ("\n\n  ", ""),
+        ("x" * 100, "x" * 60),
+    ],
+)
+def test_titles_are_cleaned(text, title):
+    assert services.clean_title(text) == title
+
+
+def test_finishing_a_first_answer_asks_for_a_title(alice_client, alice, fast_engine):
+    alice_client.post("/chat/", {"prompt": "please explain tides"})
+    conversation = Conversation.objects.get(user=alice)
+
+    wait_until(lambda: Conversation.objects.get(pk=conversation.pk).title != "please explain tides", 10)
+
+
+def test_real_model_titles_a_conversation(alice, real_engine):
+    answer = first_exchange(alice)
+
+    assert services.conversation_title_start(answer_id=answer.pk)
+
+    wait_until(lambda: Conversation.objects.get(pk=answer.conversation_id).title != "please explain tides", 60)
+    title = Conversation.objects.get(pk=answer.conversation_id).title
+    assert title.strip() and len(title) <= services.TITLE_LENGTH
+
+
+def test_web_processes_of_the_celery_backend_load_only_the_tokenizer(smollm):
+    spec = resolve_model("smollm2-135m-instruct")
+    tokenizer = load_chat_tokenizer(spec, cache_dir=django_settings.MODEL_CACHE_DIR, synthetic_tokens_per_s=50)
+    prompt = [{"role": "user", "content": "How many tokens is this?"}]
+
+    assert not hasattr(tokenizer, "model")
+    assert tokenizer.count_prompt_tokens(prompt) == smollm.count_prompt_tokens(prompt)
+    assert tokenizer.context_length == smollm.context_length
