@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -17,9 +18,10 @@ import uuid
 
 import httpx
 import pytest
+import yaml
 from openai import OpenAI
 
-from bench.livesite import ROOT, ChatClient, LiveSite, LiveWorker, scratch_database
+from bench.livesite import ROOT, ChatClient, LiveSite, LiveWorker, free_port, scratch_database, stop_process
 
 pytestmark = pytest.mark.skipif(not os.environ.get("REDIS_URL"), reason="needs REDIS_URL (a real Redis)")
 
@@ -212,6 +214,64 @@ def test_beat_rolls_usage_up_and_a_task_titles_new_conversations(deployment):
         time.sleep(2)
     else:
         pytest.fail(f"usage never rolled up:\n{daily.text[-3000:]}")
+
+
+@pytest.fixture
+def one_port(deployment, tmp_path):
+    """nginx in front of both web processes, configured as docker-compose.yml's proxy."""
+    nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+    if nginx is None:
+        if os.environ.get("CHATSITE_REQUIRE_NGINX") == "1":
+            pytest.fail("nginx is missing: apt-get install -y nginx")
+        pytest.skip("nginx is missing: apt-get install -y nginx")
+    a, b, _, _ = deployment
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    port = free_port()
+    site = compose["services"]["proxy"]["environment"]["NGINX_CONF"].replace("$$", "$")
+    site = site.replace("server web:8000;", f"server 127.0.0.1:{a.port}; server 127.0.0.1:{b.port};")
+    site = site.replace("listen 80;", f"listen 127.0.0.1:{port};")
+    temp = " ".join(
+        f"{kind}_temp_path {tmp_path}/{kind};" for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+    )
+    (tmp_path / "nginx.conf").write_text(
+        f"pid {tmp_path}/nginx.pid; error_log {tmp_path}/error.log; events {{}}\n"
+        f"http {{ access_log {tmp_path}/access.log; {temp}\n{site}\n}}\n"
+    )
+    process = subprocess.Popen([nginx, "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf"), "-g", "daemon off;"])
+    base_url = f"http://127.0.0.1:{port}"
+    wait_until_listening(base_url)
+    yield base_url
+    stop_process(process)
+
+
+def wait_until_listening(base_url: str, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            httpx.get(f"{base_url}/healthz", timeout=1)
+            return
+        except httpx.TransportError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def test_two_web_processes_behind_one_port_stream_token_by_token(deployment, one_port):
+    a, b, _, _ = deployment
+    requests_before = (a.log().count('"GET /'), b.log().count('"GET /'))
+    erin = ChatClient(one_port)
+    erin.signup(f"erin-{uuid.uuid4().hex[:6]}")
+
+    sent = erin.send("Through the proxy")
+    events = list(erin.stream(sent.stream_url))
+
+    tokens = [e for e in events if e.event == "token"]
+    assert events[-1].event == "done" and len(tokens) >= 20
+    assert tokens[-1].at - tokens[0].at > 1  # streamed as generated: the proxy does not buffer
+    for _ in range(4):
+        erin.http.get("/chat/")
+    served = (a.log().count('"GET /') - requests_before[0], b.log().count('"GET /') - requests_before[1])
+    assert min(served) > 0, served  # both web processes served requests through the one port
 
 
 def test_real_model_through_the_worker_with_the_openai_client(deployment):
