@@ -93,6 +93,8 @@ def run_check(**env: str) -> subprocess.CompletedProcess:
         ("DJANGO_DEBUG", "maybe"),
         ("GENERATION_MAX_QUEUE", "-1"),
         ("GENERATION_BACKEND", "threads"),
+        ("GENERATION_BACKEND", "celery"),  # without REDIS_URL: no broker, no shared streams
+        ("CHAT_AUTO_TITLE", "perhaps"),
         ("GENERATION_SCHEDULER", "parallel"),
         ("CHAT_DEVICE", "gpu"),
         ("CHAT_DTYPE", "int3"),
