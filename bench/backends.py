@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.backends [--concurrency 8] [--max-tokens 128] [--requests N]
         [--dtype auto] [--device auto] [--max-concurrent N] [--client openai|httpx]
-        [--inprocess-redis] [--results bench/results/backends.json]
+        [--inprocess-redis] [--results bench/results/backends.json] [--logs DIR]
 
 Two phases, one after the other, each with bench.concurrency's closed loop at one level
 (`--concurrency` streaming chat completions through the official openai client, greedy,
@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shlex
 import sys
 import time
@@ -50,13 +49,11 @@ from bench.concurrency import (
     resolved_dtype,
     site_env,
 )
-from bench.livesite import LiveSite, LiveWorker, scratch_database, scratch_redis_prefix
+from bench.livesite import LiveSite, LiveWorker, keep_logs, log_errors, scratch_database, scratch_redis_prefix
 
 RESULTS = RESULTS_DIR / "backends.json"
 THROUGHPUT_TARGET = 0.9  # celery tokens/s ÷ in-process tokens/s, at least
 TTFT_TARGET_MS = 30.0  # celery TTFT median - in-process TTFT median, at most
-# What a server's log shows when something went wrong: Django's tracebacks, Celery's ERROR lines.
-TROUBLE = re.compile(r"Traceback|ERROR|CRITICAL")
 
 
 def load_args(args: argparse.Namespace) -> argparse.Namespace:
@@ -75,11 +72,6 @@ def load_args(args: argparse.Namespace) -> argparse.Namespace:
     )
 
 
-def log_trouble(log: str) -> dict[str, Any]:
-    lines = [line for line in log.splitlines() if TROUBLE.search(line)]
-    return {"tracebacks": log.count("Traceback"), "trouble_lines": len(lines), "first": lines[:5]}
-
-
 def run_inprocess(load: argparse.Namespace, args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
     with scratch_database() as database_url, scratch_redis_prefix(redis_url, "chatsite-backends") as prefix:
         env = {**site_env(load), "DATABASE_URL": database_url, "GENERATION_BACKEND": "inprocess"}
@@ -95,7 +87,8 @@ def run_inprocess(load: argparse.Namespace, args: argparse.Namespace, redis_url:
                 "rss_mb": {"started": started_rss, "warm": measured["warmup"]["server_rss_mb"]},
             }
             web["rss_mb"]["end"] = process_memory_mb(pid)
-            web["log"] = log_trouble(site.log())
+            web["log"] = log_errors(site.log())
+            keep_logs(args.logs, {"inprocess-web": site.log_path})
     return {
         "backend": "inprocess",
         "stream_store": "redis" if args.inprocess_redis else "memory",
@@ -104,7 +97,7 @@ def run_inprocess(load: argparse.Namespace, args: argparse.Namespace, redis_url:
     }
 
 
-def run_celery(load: argparse.Namespace, redis_url: str) -> dict[str, Any]:
+def run_celery(load: argparse.Namespace, args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
     with scratch_database() as database_url, scratch_redis_prefix(redis_url, "chatsite-backends") as prefix:
         env = {
             **site_env(load),
@@ -126,8 +119,9 @@ def run_celery(load: argparse.Namespace, redis_url: str) -> dict[str, Any]:
                 measured = measure(Target(site.base_url, bench_api_key(site), MODEL), load, server_pid=web_pid)
                 web["rss_mb"].update(warm=measured["warmup"]["server_rss_mb"], end=process_memory_mb(web_pid))
                 worker_rss["end"] = process_memory_mb(worker_pid)
-                worker_log = log_trouble(worker.log())
-            web["log"] = log_trouble(site.log())
+                worker_log = log_errors(worker.log())
+                keep_logs(args.logs, {"celery-web": site.log_path, "celery-worker": worker.log_path})
+            web["log"] = log_errors(site.log())
     worker_figures = {"ready_after_s": worker_ready_s, "rss_mb": worker_rss, "log": worker_log}
     return {"backend": "celery", "stream_store": "redis", "web": web, "worker": worker_figures, **measured}
 
@@ -172,9 +166,8 @@ def print_table(inprocess: dict[str, Any], celery: dict[str, Any], compared: dic
         print(f"target {name}: {'met' if met else 'MISSED'}")
     for phase in (inprocess, celery):
         for process in ("web", "worker"):
-            if process in phase and phase[process]["log"]["trouble_lines"]:
-                log = phase[process]["log"]
-                print(f"{phase['backend']} {process} log: {log['tracebacks']} tracebacks, e.g. {log['first'][:2]}")
+            for error, count in phase.get(process, {}).get("log", {}).get("errors", {}).items():
+                print(f"{phase['backend']} {process} log: {count} x {error}")
 
 
 def main() -> None:
@@ -188,6 +181,7 @@ def main() -> None:
     parser.add_argument("--dtype", help="CHAT_DTYPE (default: the app's, auto)")
     parser.add_argument("--inprocess-redis", action="store_true", help="in-process phase with its streams on Redis too")
     parser.add_argument("--results", type=Path, default=RESULTS, help="where the JSON goes")
+    parser.add_argument("--logs", type=Path, help="copy the web and worker logs into this folder")
     args = parser.parse_args()
     if args.concurrency < 1:
         parser.error("--concurrency is at least 1")
@@ -199,7 +193,7 @@ def main() -> None:
     print(f"== in-process: {args.concurrency} streams, max_tokens {args.max_tokens}", flush=True)
     inprocess = run_inprocess(load, args, redis_url)
     print(f"== celery: web + generation worker, {args.concurrency} streams, max_tokens {args.max_tokens}", flush=True)
-    celery = run_celery(load, redis_url)
+    celery = run_celery(load, args, redis_url)
     compared = comparison(inprocess, celery)
 
     result = {

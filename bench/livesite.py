@@ -10,16 +10,19 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -220,6 +223,47 @@ def scratch_redis_prefix(url: str, name: str = "chatsite-bench") -> Iterator[str
         for key in client.scan_iter(match=f"{prefix}:*", count=1000):
             client.delete(key)
         client.close()
+
+
+_CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
+_LEVELS = re.compile(r"^\[[^]]*\b(ERROR|CRITICAL)/[^]]*\] ")  # Celery's format
+
+
+def log_errors(log: str) -> dict[str, Any]:
+    """What went wrong in a server's log: its tracebacks, and each distinct error with its count.
+
+    An error is the exception that ends a traceback (a chain of them counts once, by its
+    last), or a line that Celery logged at ERROR or CRITICAL, without its timestamp.
+    """
+    errors: Counter[str] = Counter()
+    tracebacks = 0
+    pending: str | None = None  # a traceback's exception, unless a chained traceback follows
+    in_traceback = False
+    for line in log.splitlines():
+        if line.startswith("Traceback (most recent call last):"):
+            in_traceback, pending = True, None
+        elif in_traceback:
+            if line and not line[0].isspace():
+                in_traceback, pending = False, line[:300]
+        elif pending is not None and line and not line.startswith(_CHAINED):
+            errors[pending] += 1
+            tracebacks += 1
+            pending = None
+        if not in_traceback and (found := _LEVELS.match(line)):
+            errors[f"{found.group(1)}: {line[found.end() :]}"[:300]] += 1
+    if pending is not None:
+        errors[pending] += 1
+        tracebacks += 1
+    return {"tracebacks": tracebacks, "errors": dict(errors.most_common(10))}
+
+
+def keep_logs(folder: Path | None, logs: dict[str, Path]) -> None:
+    """Copy servers' logs (name -> log path) into `folder`, if given, before they are cleaned up."""
+    if folder is None:
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, path in logs.items():
+        shutil.copyfile(path, folder / f"{name}.log")
 
 
 @dataclass

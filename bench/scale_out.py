@@ -1,7 +1,7 @@
 """Scale-out: two web processes and one generation worker hold thousands of streams at once.
 
-    .venv/bin/python -m bench.scale_out [--streams 2000] [--rate 5] [--tokens 900]
-        [--ramp-concurrency 32] [--timeout 900] [--results bench/results/scale_out.json] [--logs DIR]
+    .venv/bin/python -m bench.scale_out [--streams 2000] [--rate 5] [--tokens 1500]
+        [--ramp-concurrency 32] [--timeout 1500] [--results bench/results/scale_out.json] [--logs DIR]
 
 One GENERATION_BACKEND=celery deployment on this machine: web A and web B (daphne, no
 model) and one Celery generation worker running the synthetic model at `--rate` words/s
@@ -15,8 +15,8 @@ max_tokens=`--tokens`. Stream n's prompt is posted to web A (n even) or B (n odd
 the HTMX form does, `--ramp-concurrency` at a time; right after its POST, the answer's SSE
 stream is opened and read to its `done` event: half of each web's answers through the same
 web, half through the other one (any web serves any stream). So 1,000 streams per web at
-the default size. The defaults give each stream 180 s, longer than opening them all
-takes on two cores, so that they overlap.
+the default size. The defaults give each stream 300 s, so that they overlap: opening
+them takes a while (on two cores, 500 streams at 5 words/s took 21 s to open).
 
 Nothing lost: every stream ends with `done`, holds exactly `--tokens` words, the synthetic
 model's words in order, under strictly increasing ids, and its saved answer is complete
@@ -35,7 +35,6 @@ import asyncio
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -61,7 +60,15 @@ from bench.fanout import (
     start_watchdog,
     use_site_settings,
 )
-from bench.livesite import ChatClient, LiveSite, LiveWorker, scratch_database, scratch_redis_prefix
+from bench.livesite import (
+    ChatClient,
+    LiveSite,
+    LiveWorker,
+    keep_logs,
+    log_errors,
+    scratch_database,
+    scratch_redis_prefix,
+)
 
 RESULTS = Path(__file__).parent / "results" / "scale_out.json"
 OVERLAP_TARGET = 0.95  # of --streams delivering at the same moment
@@ -80,8 +87,8 @@ def deployment_env(args: argparse.Namespace, database_url: str, redis_url: str, 
         "CHAT_ENABLE_SYNTHETIC": "1",
         "CHAT_SYNTHETIC_TOKENS_PER_S": str(args.rate),
         "GENERATION_MAX_CONCURRENT": str(args.streams),
-        # Room for the titles asked for as answers end, which share the worker's engine.
-        "GENERATION_MAX_QUEUE": str(max(64, args.streams // 10)),
+        # Nothing waits (a row per stream); a worker runs a task thread per row and queue place.
+        "GENERATION_MAX_QUEUE": "64",
     }
 
 
@@ -134,19 +141,23 @@ async def run_streams(
 
 
 def sample(started: float, results: list[StreamResult], pids: dict[str, int], client: redis.Redis) -> dict[str, Any]:
-    """Streams open now (first event seen, not ended), each process's RSS, Redis's memory."""
+    """Streams open now (first event seen, not ended), each process's RSS and open files
+    (sockets, database handles), Redis's memory and clients."""
     info = {**client.info("memory"), **client.info("clients")}
-    rss = {}
+    rss: dict[str, float | None] = {}
+    files: dict[str, int | None] = {}
     for name, pid in pids.items():
         try:
             rss[name] = round(memory(pid)["rss_mb"], 1)
+            files[name] = len(os.listdir(f"/proc/{pid}/fd"))
         except (OSError, KeyError):
-            rss[name] = None
+            rss[name] = files[name] = None
     return {
         "t_s": round(time.perf_counter() - started, 2),
         "open": sum(r.first_at is not None and not r.ended and r.error is None for r in results),
         "posted": sum(r.opened_at is not None for r in results),
         "rss_mb": rss,
+        "open_files": files,
         "redis_used_memory_mb": round(info["used_memory"] / 2**20, 1),
         "redis_clients": info["connected_clients"],
     }
@@ -160,19 +171,6 @@ def route_counts(results: list[StreamResult]) -> dict[str, dict[str, int]]:
         pair["streams"] += 1
         pair["complete"] += result.done
     return counts
-
-
-def log_figures(log: str) -> dict[str, Any]:
-    trouble = [line for line in log.splitlines() if "Traceback" in line or "ERROR" in line or "CRITICAL" in line]
-    return {"tracebacks": log.count("Traceback"), "trouble_lines": len(trouble), "first": trouble[:5]}
-
-
-def keep_logs(folder: Path | None, logs: dict[str, str]) -> None:
-    if folder is None:
-        return
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, path in logs.items():
-        shutil.copyfile(path, folder / f"{name}.log")
 
 
 def run(args: argparse.Namespace, redis_url: str, children: list[subprocess.Popen[bytes]]) -> dict[str, Any]:
@@ -229,11 +227,11 @@ def run(args: argparse.Namespace, redis_url: str, children: list[subprocess.Pope
                 redis_client.close()
                 saved = saved_answers(results)
                 connections.close_all()
-                processes["web_a"]["log"] = log_figures(web_a.log())
-                processes["web_b"]["log"] = log_figures(web_b.log())
+                processes["web_a"]["log"] = log_errors(web_a.log())
+                processes["web_b"]["log"] = log_errors(web_b.log())
                 worker_log = worker.log()
                 processes["worker"].update(
-                    log=log_figures(worker_log),
+                    log=log_errors(worker_log),
                     ready_after_s=worker_ready_s,
                     generations_started=worker_log.count("Generating "),
                 )
@@ -263,6 +261,7 @@ def run(args: argparse.Namespace, redis_url: str, children: list[subprocess.Pope
             "used_memory_mb_after": redis_after_mb,
             "clients_max": max((s["redis_clients"] for s in samples), default=None),
         },
+        "open_files_max": {name: max((s["open_files"][name] or 0 for s in samples), default=None) for name in pids},
         "samples": samples,
     }
 
@@ -301,15 +300,16 @@ def print_table(result: dict[str, Any], args: argparse.Namespace) -> None:
         rows.append((f"{name} RSS MB end / peak, CPU s", f"{number(process['rss_mb'])} / "
                      f"{number(process['peak_rss_mb'])}, {number(process['cpu_s'])}", ""))  # fmt: skip
     rows.append(("worker generations started", number(processes["worker"]["generations_started"]), ""))
+    files = result["open_files_max"]
+    rows.append(("open files max: web_a / web_b / worker", " / ".join(str(files[name]) for name in files), ""))
     print(f"{'figure':<46}{'measured':>30}{'target':>24}")
     for name, value, target in rows:
         print(f"{name:<46}{value:>30}{target:>24}")
     print(f"checks: {figures['checks']}")
     print(f"routes (posted to -> read from): {figures['routes']}")
     for name in ("web_a", "web_b", "worker"):
-        log = processes[name]["log"]
-        if log["trouble_lines"]:
-            print(f"{name} log: {log['tracebacks']} tracebacks, {log['trouble_lines']} lines, e.g. {log['first'][:2]}")
+        for error, count in processes[name]["log"]["errors"].items():
+            print(f"{name} log: {count} x {error}")
     for name, met in result["targets"].items():
         print(f"target {name}: {'met' if met else 'MISSED'}")
 
@@ -318,9 +318,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--streams", type=int, default=2000, help="generations at once, half posted to each web")
     parser.add_argument("--rate", type=float, default=5.0, help="synthetic words per second per stream")
-    parser.add_argument("--tokens", type=int, default=900, help="words per answer (its max_tokens)")
+    parser.add_argument("--tokens", type=int, default=1500, help="words per answer (its max_tokens)")
     parser.add_argument("--ramp-concurrency", type=int, default=32, help="streams being opened at once")
-    parser.add_argument("--timeout", type=float, default=900.0, help="seconds the streams may take in all")
+    parser.add_argument("--timeout", type=float, default=1500.0, help="seconds the streams may take in all")
     parser.add_argument("--results", type=Path, default=RESULTS, help="where the JSON goes")
     parser.add_argument("--logs", type=Path, help="copy the web and worker logs into this folder")
     args = parser.parse_args()

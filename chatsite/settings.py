@@ -184,7 +184,12 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "prefix": REDIS_KEY_PREFIX},
+            # No socket timeout: redis-py's default (5 s) equals the layer's blocking
+            # receive, which then fails now and then instead of returning empty.
+            "CONFIG": {
+                "hosts": [{"address": REDIS_URL, "socket_timeout": None, "socket_keepalive": True}],
+                "prefix": REDIS_KEY_PREFIX,
+            },
         }
     }
     CACHES = {
@@ -251,6 +256,9 @@ if GENERATION_BACKEND == "celery" and not REDIS_URL:
 # that a dead model worker is still reaped. With the in-process backend nothing leaves
 # the process: tasks run inline, and the web process runs the beat schedule itself.
 CELERY_BROKER_URL = REDIS_URL or "memory://"
+# The broker's keys (queues included) live under REDIS_KEY_PREFIX like every other key:
+# deployments sharing a Redis never take each other's tasks.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": f"{REDIS_KEY_PREFIX}:celery:"}
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_ALWAYS_EAGER = GENERATION_BACKEND != "celery"
 CELERY_TASK_IGNORE_RESULT = True

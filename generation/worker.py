@@ -13,6 +13,7 @@ import logging
 import threading
 
 from django.conf import settings
+from django.db import connections
 
 from generation import runtime
 from generation.dispatch import QUEUE_PRODUCER
@@ -85,5 +86,8 @@ def generate(task: GenerationTask) -> str:
         assert job.on_finish is not None
         job.on_finish(refused)
         runtime.stream_store().append(task.stream_id, "error", {"message": refused.error, **refused.summary()})
+    # The wait may be long, and a worker runs hundreds of these threads: none of them
+    # holds a database connection meanwhile (the engine's finisher saves the answer).
+    connections.close_all()
     ended.wait()
     return outcome[0].status
