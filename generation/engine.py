@@ -26,6 +26,9 @@ from generation.streams import StreamStore
 
 logger = logging.getLogger(__name__)
 
+# A stream event to publish: (stream id, type, data).
+Event = tuple[str, str, dict[str, Any]]
+
 
 @dataclass(frozen=True)
 class GenerationResult:
@@ -137,9 +140,12 @@ SCHEDULERS = ("batched", "sequential")
 class _Run:
     """One job's generation under way: publishes its text as it comes and builds its result."""
 
-    def __init__(self, job: Job, engine: Engine) -> None:
+    def __init__(self, job: Job, engine: Engine, outbox: list[Event] | None = None) -> None:
         self.job = job
         self.store = engine.store
+        # Where its token events go: straight to the store, or (batched) into the step's
+        # outbox, published for all rows at once after the step.
+        self.outbox = outbox
         self.progress_interval_s = engine.progress_interval_s
         self._finisher = engine._finisher
         self.pieces: list[str] = []
@@ -168,7 +174,10 @@ class _Run:
         if self.first_token_at is None:
             self.first_token_at = now
         self.pieces.append(text)
-        self.store.append(self.job.stream_id, "token", {"delta": text})
+        if self.outbox is None:
+            self.store.append(self.job.stream_id, "token", {"delta": text})
+        else:
+            self.outbox.append((self.job.stream_id, "token", {"delta": text}))
         if self.job.on_progress and now - self.last_progress >= self.progress_interval_s:
             self.last_progress = now
             self._finisher.submit(_call_safely, self.job.on_progress, "".join(self.pieces))
@@ -400,9 +409,10 @@ class Engine:
         self._loaded.wait()
         batch = self.generator.open_batch() if self.generator is not None else None
         runs: dict[Sequence, _Run] = {}
+        outbox: list[Event] = []
         while (jobs := self._take(self.max_concurrent - len(runs), wait=not runs)) is not None:
             for job in jobs:
-                run = _Run(job, self)
+                run = _Run(job, self, outbox)
                 try:
                     if batch is None:
                         raise RuntimeError(f"the model is not loaded ({self.load_error})")
@@ -428,13 +438,33 @@ class Engine:
                 finished = batch.step()
             except Exception as error:
                 logger.exception("A batched decoding step failed; ending its %d generations", len(runs))
+                self._send(outbox, by_stream)  # what they generated before it failed
                 for sequence in batch.cancel_all():
                     run = runs.pop(sequence)
                     self._finish(run, run.failed(error))
                 continue
-            for sequence, outcome in finished:
-                run = runs.pop(sequence)
-                self._finish(run, run.finished(outcome))
+            finals = [(run, run.finished(outcome)) for run, outcome in ((runs.pop(s), o) for s, o in finished)]
+            # Every row's tokens of this step, before any terminal event that follows them.
+            self._send(outbox, by_stream)
+            for run, final in finals:
+                self._finish(run, final)
+
+    def _send(self, outbox: list[Event], runs: dict[str, _Run]) -> None:
+        """Publish a step's token events, all rows in one store call (one Redis round trip).
+
+        A row whose stream refuses its token (gone, or ended from outside) stops at the
+        next step, as if cancelled."""
+        if not outbox:
+            return
+        try:
+            results: list[int | Exception] = self.store.append_many(outbox)
+        except Exception as error:  # e.g. Redis unreachable: stop them all, the engine lives on
+            results = [error] * len(outbox)
+        for (stream_id, _, _), result in zip(outbox, results, strict=True):
+            if isinstance(result, Exception) and stream_id in runs and not runs[stream_id].cancelled:
+                logger.warning("Stream %s refused a token (%s); stopping its generation", stream_id, result)
+                runs[stream_id].cancelled = True
+        outbox.clear()
 
     def _finish(self, run: _Run, final: GenerationResult) -> Any:
         """Save the result, then publish the terminal event, in order, off the decoding thread."""

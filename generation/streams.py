@@ -36,6 +36,7 @@ class StreamNotFound(LookupError):
 class StreamStore(Protocol):
     def create(self, stream_id: str) -> None: ...
     def append(self, stream_id: str, type: str, data: dict[str, Any]) -> int: ...
+    def append_many(self, events: list[tuple[str, str, dict[str, Any]]]) -> list[int | Exception]: ...
     def exists(self, stream_id: str) -> bool: ...
     def cancel(self, stream_id: str) -> bool: ...
     def is_cancelled(self, stream_id: str) -> bool: ...
@@ -95,6 +96,17 @@ class InMemoryStreamStore:
             if not loop.is_closed():
                 loop.call_soon_threadsafe(self._wake, loop)
         return event.seq
+
+    def append_many(self, events: list[tuple[str, str, dict[str, Any]]]) -> list[int | Exception]:
+        """`append` for each (stream id, type, data), in order: each one's sequence number,
+        or the error that one raised (StreamNotFound, ValueError); the others still go in."""
+        results: list[int | Exception] = []
+        for event in events:
+            try:
+                results.append(self.append(*event))
+            except (StreamNotFound, ValueError) as error:
+                results.append(error)
+        return results
 
     def exists(self, stream_id: str) -> bool:
         with self._lock:

@@ -180,7 +180,7 @@ def test_a_waiting_generation_cancelled_leaves_the_queue_at_once():
     engine = Engine(lambda: SyntheticGenerator(tokens_per_s=20), store, max_concurrent=1)
     for name in ("running", "first", "second"):
         engine.submit(Job(name, chat("hi"), GenerationParams(max_tokens=40)))  # 2 s each
-    wait_until(lambda: engine.active == 1 and engine.queued == 2, timeout=5)
+    wait_until(lambda: engine.queued == 2 and len(store.events("running")) > 0, timeout=5)
 
     store.cancel("first")  # as Stop does, from any process
     done = wait_for_terminal(store, "first", timeout=1)[-1]
@@ -244,3 +244,19 @@ def test_prompts_with_and_without_the_usual_template_opening_join_together(smoll
         alone: list[str] = []
         smollm.generate(prompt, greedy(16), alone.append, lambda: False)
         assert "".join(pieces) == "".join(alone)
+
+
+def test_a_row_whose_stream_was_ended_from_outside_stops_and_the_others_go_on():
+    store = InMemoryStreamStore()
+    engine = Engine(lambda: SyntheticGenerator(tokens_per_s=50), store, max_concurrent=4)
+    for name in ("kept", "ended"):
+        engine.submit(Job(name, chat("hi"), GenerationParams(max_tokens=100)))
+    wait_until(lambda: len(store.events("ended")) > 2, timeout=5)
+
+    store.append("ended", "error", {"message": "interrupted"})  # e.g. settled by the reaper
+
+    wait_until(lambda: engine.active == 1, timeout=2)  # its row left the batch
+    assert not store.events("kept")[-1].terminal
+    store.cancel("kept")
+    assert wait_for_terminal(store, "kept")[-1].data["finish_reason"] == "cancelled"
+    engine.stop(5)

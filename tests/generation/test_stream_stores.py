@@ -222,6 +222,22 @@ async def test_reader_gets_an_empty_batch_as_heartbeat_during_silence(store):
     await reader.aclose()
 
 
+def test_append_many_numbers_each_stream_in_order_and_reports_refusals(store):
+    for stream_id in ("a", "b", "ended"):
+        store.create(stream_id)
+    store.append("ended", "done", {})
+
+    results = store.append_many(
+        [("a", "token", {"delta": "1"}), ("b", "token", {"delta": "x"}), ("a", "token", {"delta": "2"}),
+         ("gone", "token", {"delta": "?"}), ("ended", "token", {"delta": "late"}), ("b", "done", {})]
+    )  # fmt: skip
+
+    assert results[:3] == [1, 1, 2] and results[5] == 2
+    assert isinstance(results[3], StreamNotFound) and isinstance(results[4], ValueError)
+    assert [e.data for e in store.events("a")] == [{"delta": "1"}, {"delta": "2"}]
+    assert store.events("b")[-1].terminal
+
+
 async def test_a_silence_longer_than_a_socket_timeout_is_a_heartbeat_not_an_error(store):
     # redis-py times socket reads out after 5 s by default; a reader blocks for longer.
     store.create("s")
