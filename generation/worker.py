@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 from django.conf import settings
-from django.db import connections
+from django.db import InterfaceError, OperationalError, connections
 
 from generation import runtime
 from generation.dispatch import QUEUE_PRODUCER
@@ -63,10 +66,24 @@ def _beat() -> None:
         threading.Event().wait(Engine.HEARTBEAT_S)
 
 
+# Claims are made on one thread with one kept database connection: a connection per
+# task thread would be hundreds of them, and opening one per claim costs a TTFT of ~15 ms.
+_claims = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chatsite-claims")
+
+
+def _on_kept_connection(write: Callable[[], bool]) -> bool:
+    try:
+        return write()
+    except (InterfaceError, OperationalError):  # the kept connection died (a database restart)
+        connections.close_all()
+        return write()
+
+
 def generate(task: GenerationTask) -> str:
     """Run one admitted generation on this worker's engine; return once it has ended."""
     engine = runtime.local_engine(task.model)
-    if not generation_claim(stream_id=task.stream_id, message_id=task.message_id, producer=engine.producer):
+    claim = partial(generation_claim, stream_id=task.stream_id, message_id=task.message_id, producer=engine.producer)
+    if not _claims.submit(_on_kept_connection, claim).result():
         logger.info("Generation %s was stopped, settled or taken before it started; skipped", task.stream_id)
         return "skipped"
     logger.info("Generating %s with %s", task.stream_id, task.model)
@@ -86,8 +103,5 @@ def generate(task: GenerationTask) -> str:
         assert job.on_finish is not None
         job.on_finish(refused)
         runtime.stream_store().append(task.stream_id, "error", {"message": refused.error, **refused.summary()})
-    # The wait may be long, and a worker runs hundreds of these threads: none of them
-    # holds a database connection meanwhile (the engine's finisher saves the answer).
-    connections.close_all()
     ended.wait()
     return outcome[0].status
