@@ -20,6 +20,7 @@ from typing import Any
 
 import redis
 import redis.asyncio as aredis
+from redis.exceptions import NoScriptError
 
 from generation.streams import TERMINAL_EVENTS, StreamEvent, StreamNotFound
 
@@ -130,10 +131,21 @@ class RedisStreamStore:
 
         A batch step publishes every row's token this way: one round trip per step
         instead of one per row and token."""
+        calls = [self._append_call(*event) for event in events]
+        try:
+            results = self._evalsha_all(calls)
+        except NoScriptError:  # Redis restarted and forgot its scripts: load it again, once
+            self._redis.script_load(_APPEND)
+            results = self._evalsha_all(calls)
+        return [_appended(event[0], result) for event, result in zip(events, results, strict=True)]
+
+    def _evalsha_all(self, calls: list[dict[str, Any]]) -> list[Any]:
+        # EVALSHA by hand: a pipeline given the Script object asks SCRIPT EXISTS first,
+        # a second round trip every step.
         pipe = self._redis.pipeline(transaction=False)
-        for event in events:
-            self._append(**self._append_call(*event), client=pipe)
-        return [_appended(event[0], result) for event, result in zip(events, pipe.execute(), strict=True)]
+        for call in calls:
+            pipe.evalsha(self._append.sha, len(call["keys"]), *call["keys"], *call["args"])
+        return pipe.execute()
 
     def _append_call(self, stream_id: str, type: str, data: dict[str, Any]) -> dict[str, Any]:
         return {

@@ -238,6 +238,15 @@ def test_append_many_numbers_each_stream_in_order_and_reports_refusals(store):
     assert store.events("b")[-1].terminal
 
 
+def test_append_many_loads_its_script_again_after_a_redis_restart(store):
+    if not isinstance(store, RedisStreamStore):
+        pytest.skip("Redis only")
+    store.create("s")
+    store._redis.script_flush()  # as a restarted Redis forgets its scripts
+
+    assert store.append_many([("s", "token", {"delta": "a"}), ("s", "token", {"delta": "b"})]) == [1, 2]
+
+
 async def test_a_silence_longer_than_a_socket_timeout_is_a_heartbeat_not_an_error(store):
     # redis-py times socket reads out after 5 s by default; a reader blocks for longer.
     store.create("s")
