@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 from django.conf import settings as django_settings
-from django.db import transaction
+from django.db import connections, transaction
 
 from accounts.models import UsageRecord
 from accounts.services import STREAMING
@@ -165,6 +165,13 @@ def test_a_generation_settled_while_queued_is_not_claimed(alice):
     UsageRecord.objects.filter(stream_id="q1").update(status="interrupted")
 
     assert not services.generation_claim(stream_id="q1", message_id=answer.pk, producer="worker-a")
+
+
+@pytest.fixture(autouse=True)
+def _claims_connection_closed():
+    yield
+    # The worker keeps its claims thread's connection; the test database must be droppable.
+    worker._claims.submit(connections.close_all).result()
 
 
 @pytest.fixture
