@@ -19,6 +19,8 @@ app = Celery("chatsite")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
+# Where settings.CELERY_TASK_ROUTES sends generations and titles: workers that consume
+# it load the model.
 GENERATION_QUEUE = "generation"
 
 

@@ -22,7 +22,6 @@ from generation.streams import StreamStore
 
 logger = logging.getLogger(__name__)
 
-GENERATION_QUEUE = "generation"
 # The producer of a generation admitted but not yet taken by a worker. Every live worker
 # beats under this name too, so a queued generation counts as alive while some worker
 # can still take it, and is settled as interrupted when none is left.
@@ -105,4 +104,4 @@ class CeleryDispatcher:
     def _enqueue(self, task: GenerationTask) -> None:
         from generation.tasks import generate
 
-        generate.apply_async(args=[task.to_json()], queue=GENERATION_QUEUE)
+        generate.delay(task.to_json())  # to the `generation` queue (CELERY_TASK_ROUTES)

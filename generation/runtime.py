@@ -35,7 +35,7 @@ _admission: Admission | None = None
 # What runs each model's generations for this process: its own engine, or, in the web
 # processes of GENERATION_BACKEND=celery, a dispatcher to the workers.
 _engines: dict[str, Engine | CeleryDispatcher] = {}
-# With GENERATION_BACKEND=celery, the engines of a worker process (in-process, _engines).
+# The engines of a Celery worker process (with the in-process backend they are _engines).
 _worker_engines: dict[str, Engine] = {}
 
 

@@ -261,6 +261,8 @@ def runs_reap() -> int:
     minute old, past any transaction that may still be committing its usage record.
     """
     settled = messages_settle_orphans()
+    if settled:
+        logger.info("Marked %d answers of stopped processes as interrupted", settled)
     if settings.GENERATION_BACKEND == "celery":
         admission = runtime.admission()
         for model in admission.models():
