@@ -443,7 +443,10 @@ class Engine:
                     run = runs.pop(sequence)
                     self._finish(run, run.failed(error))
                 continue
-            finals = [(run, run.finished(outcome)) for run, outcome in ((runs.pop(s), o) for s, o in finished)]
+            finals = []
+            for sequence, outcome in finished:
+                run = runs.pop(sequence)
+                finals.append((run, run.finished(outcome)))  # may add the text a stop string held back
             # Every row's tokens of this step, before any terminal event that follows them.
             self._send(outbox, by_stream)
             for run, final in finals:
