@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -63,7 +64,7 @@ def _beat() -> None:
                         )
         except Exception:
             logger.exception("Worker heartbeat failed")
-        threading.Event().wait(Engine.HEARTBEAT_S)
+        time.sleep(Engine.HEARTBEAT_S)
 
 
 # Claims are made on one thread with one kept database connection: a connection per
