@@ -42,8 +42,14 @@ def stop_process(process: subprocess.Popen[bytes], grace_s: float = 15) -> None:
         try:
             process.wait(grace_s)
         except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+            kill_process(process)
+
+
+def kill_process(process: subprocess.Popen[bytes]) -> None:
+    """End a process abruptly (SIGKILL), as a crash or the OOM killer would."""
+    if process.poll() is None:
+        process.kill()
+        process.wait()
 
 
 class LiveSite:
@@ -99,9 +105,8 @@ class LiveSite:
 
     def kill(self) -> None:
         """End daphne abruptly (SIGKILL), as a crash or an OOM kill would."""
-        if self.process and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+        if self.process:
+            kill_process(self.process)
 
     def stop(self) -> None:
         if self.process:
@@ -168,9 +173,8 @@ class LiveWorker:
 
     def kill(self) -> None:
         """SIGKILL, as the OOM killer would."""
-        if self.process and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+        if self.process:
+            kill_process(self.process)
 
     def stop(self) -> None:
         if self.process:
@@ -210,8 +214,8 @@ def scratch_database() -> Iterator[str]:
 def scratch_redis_prefix(url: str, name: str = "chatsite-bench") -> Iterator[str]:
     """A REDIS_KEY_PREFIX of its own on the Redis at `url`; its keys are deleted afterwards.
 
-    Celery's queues are not under the prefix: deployments that share a Redis database
-    share the `generation` queue too.
+    Every key of a deployment is under it, Celery's queues included (the broker's
+    `global_keyprefix`), so deployments sharing a Redis never take each other's tasks.
     """
     import redis
 
@@ -303,13 +307,31 @@ class ChatClient:
         )
         assert response.status_code == 302, response.text
 
+    def same_session_on(self, base_url: str) -> ChatClient:
+        """A client of another web process, signed in as this one (sessions are in the database)."""
+        other = ChatClient(base_url)
+        other.http.cookies = self.http.cookies
+        return other
+
+    def htmx_post(self, url: str, data: dict[str, str] | None = None) -> httpx.Response:
+        """POST as the page's HTMX does: with its header and the CSRF token."""
+        return self.http.post(
+            url, data=data or {}, headers={"HX-Request": "true", "X-CSRFToken": self.http.cookies["csrftoken"]}
+        )
+
+    def stop(self, sent_html: str) -> httpx.Response:
+        """Press Stop on the answer that `send` returned."""
+        return self.htmx_post(f"/chat/messages/{self.answer_id(sent_html)}/stop/")
+
+    @staticmethod
+    def answer_id(sent_html: str) -> str:
+        found = re.search(r'id="message-(\d+)" class="message message--assistant"', sent_html)
+        assert found, sent_html
+        return found.group(1)
+
     def send(self, prompt: str, conversation_url: str = "/chat/") -> Sent:
         sent_at = time.perf_counter()
-        response = self.http.post(
-            conversation_url,
-            data={"prompt": prompt},
-            headers={"HX-Request": "true", "X-CSRFToken": self.http.cookies["csrftoken"]},
-        )
+        response = self.htmx_post(conversation_url, {"prompt": prompt})
         assert response.status_code == 200, response.text
         stream_url = re.search(r'sse-connect="([^"]+)"', response.text)
         assert stream_url, response.text

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import threading
 import time
@@ -25,7 +24,7 @@ from typing import Any
 
 import redis
 
-from bench.livesite import ChatClient, LiveSite, LiveWorker, scratch_database
+from bench.livesite import ChatClient, LiveSite, LiveWorker, scratch_database, scratch_redis_prefix
 
 RESULTS = Path(__file__).parent / "results" / "redis_ops.json"
 
@@ -42,10 +41,9 @@ def main() -> None:
     parser.add_argument("--readers", type=int, default=1, help="SSE readers per answer")
     args = parser.parse_args()
     url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
-    prefix = f"chatsite-bench-{uuid.uuid4().hex[:8]}"
     client = redis.Redis.from_url(url, decode_responses=True)
 
-    with scratch_database() as database_url:
+    with scratch_database() as database_url, scratch_redis_prefix(url) as prefix:
         env = {
             "DATABASE_URL": database_url,
             "REDIS_URL": url,
@@ -64,8 +62,7 @@ def main() -> None:
                 # The first prompt makes the conversation; stopped at once, it only sets
                 # up the conversation whose answers are then made --tokens words long.
                 warm_up = user.send("warm up")
-                stop_url = f"/chat/messages/{message_id(warm_up.html)}/stop/"
-                user.http.post(stop_url, headers={"HX-Request": "true", "X-CSRFToken": user.http.cookies["csrftoken"]})
+                user.stop(warm_up.html)
                 list(user.stream(warm_up.stream_url))
                 conversations.append(set_length(user, warm_up.conversation_url, args.tokens))
                 users.append(user)
@@ -75,8 +72,6 @@ def main() -> None:
             wall_s = time.monotonic() - started
             after = command_calls(client)
 
-    for key in client.scan_iter(match=f"{prefix}:*"):
-        client.delete(key)
     calls = {name: after.get(name, 0) - before.get(name, 0) for name in after}
     calls = {name: count for name, count in sorted(calls.items()) if count > 0}
     generated = args.streams * args.tokens
@@ -96,18 +91,11 @@ def main() -> None:
     print(json.dumps({k: result[k] for k in ("tokens_generated", "calls_per_token", "all_calls_per_token")}, indent=2))
 
 
-def message_id(html: str) -> str:
-    found = re.search(r'id="message-(\d+)" class="message message--assistant"', html)
-    assert found, html
-    return found.group(1)
-
-
 def set_length(user: ChatClient, conversation_url: str, tokens: int) -> str:
     """Make the conversation's answers `tokens` words long (the synthetic model's length)."""
-    response = user.http.post(
+    response = user.htmx_post(
         f"{conversation_url}settings/",
-        data={"model": "synthetic", "system_prompt": "", "temperature": "0.7", "max_tokens": str(tokens)},
-        headers={"HX-Request": "true", "X-CSRFToken": user.http.cookies["csrftoken"]},
+        {"model": "synthetic", "system_prompt": "", "temperature": "0.7", "max_tokens": str(tokens)},
     )
     assert response.status_code in (200, 204), response.text
     return conversation_url
@@ -119,8 +107,7 @@ def _stream_all(users: list[ChatClient], conversations: list[str], readers: int)
     lock = threading.Lock()
 
     def read(user: ChatClient, stream_url: str) -> None:
-        reader = ChatClient(str(user.http.base_url))
-        reader.http.cookies = user.http.cookies
+        reader = user.same_session_on(str(user.http.base_url))
         count = sum(len(ChatClient.delta(e).split()) for e in reader.stream(stream_url) if e.event == "token")
         with lock:
             counts.append(count)

@@ -21,7 +21,16 @@ import pytest
 import yaml
 from openai import OpenAI
 
-from bench.livesite import ROOT, ChatClient, LiveSite, LiveWorker, free_port, scratch_database, stop_process
+from bench.livesite import (
+    ROOT,
+    ChatClient,
+    LiveSite,
+    LiveWorker,
+    free_port,
+    scratch_database,
+    scratch_redis_prefix,
+    stop_process,
+)
 
 pytestmark = pytest.mark.skipif(not os.environ.get("REDIS_URL"), reason="needs REDIS_URL (a real Redis)")
 
@@ -30,8 +39,7 @@ ADMIN = ("admin", "an-admin-password-for-tests")
 
 @pytest.fixture(scope="module")
 def deployment():
-    prefix = f"chatsite-celery-{uuid.uuid4().hex[:12]}"
-    with scratch_database() as database_url:
+    with scratch_database() as database_url, scratch_redis_prefix(os.environ["REDIS_URL"], "chatsite-celery") as prefix:
         env = {
             "DATABASE_URL": database_url,
             "REDIS_KEY_PREFIX": prefix,
@@ -50,21 +58,6 @@ def deployment():
             subprocess.run([sys.executable, "manage.py", "ensure_superuser"], cwd=ROOT, env=admin_env, check=True)
             with LiveWorker(a.env) as worker, LiveWorker(a.env, queue="housekeeping", beat=True) as beat:
                 yield a, b, worker, beat
-    _delete_keys(prefix)
-
-
-def _delete_keys(prefix: str) -> None:
-    import redis
-
-    client = redis.Redis.from_url(os.environ["REDIS_URL"])
-    for key in client.scan_iter(match=f"{prefix}:*"):
-        client.delete(key)
-
-
-def client_on(site: LiveSite, like: ChatClient) -> ChatClient:
-    other = ChatClient(site.base_url)
-    other.http.cookies = like.http.cookies  # one session: sessions live in the shared database
-    return other
 
 
 def user_on(site: LiveSite) -> ChatClient:
@@ -73,17 +66,8 @@ def user_on(site: LiveSite) -> ChatClient:
     return client
 
 
-def message_id(sent_html: str) -> str:
-    return re.search(r'id="message-(\d+)" class="message message--assistant"', sent_html).group(1)
-
-
-def post(client: ChatClient, url: str, data: dict[str, str] | None = None) -> httpx.Response:
-    headers = {"HX-Request": "true", "X-CSRFToken": client.http.cookies["csrftoken"]}
-    return client.http.post(url, data=data or {}, headers=headers)
-
-
 def stop(client: ChatClient, sent_html: str) -> None:
-    assert post(client, f"/chat/messages/{message_id(sent_html)}/stop/").status_code == 204
+    assert client.stop(sent_html).status_code == 204
 
 
 def first_events(client: ChatClient, stream_url: str, count: int, **kwargs) -> list:
@@ -98,7 +82,7 @@ def first_events(client: ChatClient, stream_url: str, count: int, **kwargs) -> l
 def test_stream_through_a_is_resumed_and_cancelled_through_b(deployment):
     a, b, worker, _ = deployment
     alice_a = user_on(a)
-    alice_b = client_on(b, alice_a)
+    alice_b = alice_a.same_session_on(b.base_url)
     generated_before = worker.log().count("Generating ")
 
     sent = alice_a.send("Stream from web A")
@@ -127,7 +111,7 @@ def test_queue_bound_and_places_hold_across_web_processes(deployment):
     places = [json.loads(first_events(c, s.stream_url, 1)[0].data) for c, s in zip(users[2:4], waiting, strict=True)]
     assert places == [{"state": "queued", "ahead": 0}, {"state": "queued", "ahead": 1}]
 
-    refused = post(users[4], "/chat/", {"prompt": "five"})  # the whole deployment is full
+    refused = users[4].htmx_post("/chat/", {"prompt": "five"})  # the whole deployment is full
     assert refused.status_code == 503 and "busy" in refused.text
 
     stop(users[0], running[0].html)  # a row frees: "three" runs, "four" moves up
@@ -143,10 +127,10 @@ def test_queue_bound_and_places_hold_across_web_processes(deployment):
 def test_concurrent_stream_limit_is_per_user_across_web_processes(deployment):
     a, b, _, _ = deployment
     alice_a = user_on(a)
-    alice_b = client_on(b, alice_a)
+    alice_b = alice_a.same_session_on(b.base_url)
     one = alice_a.send("first")
     two = alice_b.send("second", conversation_url="/chat/")  # the default plan allows two at once
-    third = post(alice_b, "/chat/", {"prompt": "third"})
+    third = alice_b.htmx_post("/chat/", {"prompt": "third"})
     assert third.status_code == 429 and "At most 2 answers can stream at once" in third.text
     for sent in (one, two):
         stop(alice_a, sent.html)

@@ -3,52 +3,35 @@
 from __future__ import annotations
 
 import os
-import re
-import uuid
 
 import pytest
 
-from bench.livesite import ChatClient, LiveSite
+from bench.livesite import ChatClient, LiveSite, scratch_redis_prefix
 
 pytestmark = pytest.mark.skipif(not os.environ.get("REDIS_URL"), reason="needs REDIS_URL (a real Redis)")
 
 
 @pytest.fixture(scope="module")
 def two_sites(tmp_path_factory):
-    shared = {
-        "DATABASE_URL": f"sqlite:///{tmp_path_factory.mktemp('shared')}/db.sqlite3",
-        "REDIS_KEY_PREFIX": f"chatsite-test-{uuid.uuid4().hex}",
-        "CHAT_ENABLE_SYNTHETIC": "1",
-        "CHAT_MODEL": "synthetic",
-        "CHAT_SYNTHETIC_TOKENS_PER_S": "20",
-    }
-    with LiveSite(env=shared) as a, LiveSite(env=shared) as b:
-        yield a, b
-    _delete_keys(shared["REDIS_KEY_PREFIX"])
-
-
-def _delete_keys(prefix: str) -> None:
-    import redis
-
-    client = redis.Redis.from_url(os.environ["REDIS_URL"])
-    for key in client.scan_iter(match=f"{prefix}:*"):
-        client.delete(key)
-
-
-def client_on(site: LiveSite, like: ChatClient) -> ChatClient:
-    other = ChatClient(site.base_url)
-    other.http.cookies = like.http.cookies  # the same session: sessions live in the shared database
-    return other
+    with scratch_redis_prefix(os.environ["REDIS_URL"], "chatsite-test") as prefix:
+        shared = {
+            "DATABASE_URL": f"sqlite:///{tmp_path_factory.mktemp('shared')}/db.sqlite3",
+            "REDIS_KEY_PREFIX": prefix,
+            "CHAT_ENABLE_SYNTHETIC": "1",
+            "CHAT_MODEL": "synthetic",
+            "CHAT_SYNTHETIC_TOKENS_PER_S": "20",
+        }
+        with LiveSite(env=shared) as a, LiveSite(env=shared) as b:
+            yield a, b
 
 
 def test_stream_started_on_a_is_watched_resumed_and_stopped_on_b(two_sites):
     a, b = two_sites
     alice_a = ChatClient(a.base_url)
     alice_a.signup("alice")
-    alice_b = client_on(b, alice_a)
+    alice_b = alice_a.same_session_on(b.base_url)
 
     sent = alice_a.send("Stream from process A")
-    message_id = re.search(r'id="message-(\d+)" class="message message--assistant"', sent.html).group(1)
 
     first = []
     for event in alice_b.stream(sent.stream_url):  # watched through B
@@ -62,11 +45,7 @@ def test_stream_started_on_a_is_watched_resumed_and_stopped_on_b(two_sites):
             break
     assert int(resumed[0].id) > int(first[-1].id)
 
-    stop = alice_b.http.post(
-        f"/chat/messages/{message_id}/stop/",
-        headers={"HX-Request": "true", "X-CSRFToken": alice_b.http.cookies["csrftoken"]},
-    )
-    assert stop.status_code == 204
+    assert alice_b.stop(sent.html).status_code == 204
 
     whole = list(alice_a.stream(sent.stream_url))  # the producer, on A, stopped
     done = whole[-1]
@@ -85,16 +64,12 @@ def test_bob_cannot_read_or_stop_alices_stream_on_the_other_process(two_sites):
     alice = ChatClient(a.base_url)
     alice.signup("alice2")
     sent = alice.send("Private")
-    message_id = re.search(r'id="message-(\d+)" class="message message--assistant"', sent.html).group(1)
+    message_id = ChatClient.answer_id(sent.html)
     bob = ChatClient(b.base_url)
     bob.signup("bob")
 
     assert bob.http.get(sent.stream_url).status_code == 404
     stop = bob.http.post(f"/chat/messages/{message_id}/stop/", headers={"X-CSRFToken": bob.http.cookies["csrftoken"]})
     assert stop.status_code == 404
-    alice_b = client_on(b, alice)
-    alice_b.http.post(
-        f"/chat/messages/{message_id}/stop/",
-        headers={"HX-Request": "true", "X-CSRFToken": alice_b.http.cookies["csrftoken"]},
-    )
+    alice.same_session_on(b.base_url).stop(sent.html)
     assert list(alice.stream(sent.stream_url))[-1].event == "done"
