@@ -250,8 +250,13 @@ def api_key_authenticate(plain: str) -> ApiKey | None:
 def _count_request(user: User, now: dt.datetime) -> int:
     """Count one request in this minute's window (atomic in Redis and in the local cache)."""
     key = f"ratelimit:{user.pk}:{now:%Y%m%d%H%M}"
-    cache.add(key, 0, timeout=120)
-    return int(cache.incr(key))
+    # incr() first: on Redis that is two round trips, and add() only for the minute's first.
+    try:
+        return int(cache.incr(key))
+    except ValueError:  # the minute's first request
+        if cache.add(key, 1, timeout=120):
+            return 1
+        return int(cache.incr(key))  # another request added it meanwhile
 
 
 def _requests_this_minute(user: User, now: dt.datetime) -> int:

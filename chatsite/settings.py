@@ -194,7 +194,7 @@ if REDIS_URL:
     }
     CACHES = {
         "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "BACKEND": "chatsite.cache.RedisCache",  # one connection pool per process
             "LOCATION": REDIS_URL,
             "KEY_PREFIX": REDIS_KEY_PREFIX,
         }
