@@ -62,6 +62,13 @@ end
 return seq
 """
 
+# KEYS: meta. ARGV: producer. 1: claimed for it; 0: gone, ended or claimed before.
+_CLAIM = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if redis.call('HGET', KEYS[1], 'finished') == '1' then return 0 end
+return redis.call('HSETNX', KEYS[1], 'producer', ARGV[1])
+"""
+
 # KEYS: meta. HSET on a missing key would create a meta hash with no TTL, so check first.
 _CANCEL = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
@@ -97,6 +104,7 @@ class RedisStreamStore:
         self._create = self._redis.register_script(_CREATE)
         self._append = self._redis.register_script(_APPEND)
         self._cancel = self._redis.register_script(_CANCEL)
+        self._claim = self._redis.register_script(_CLAIM)
         # One async client per event loop: a redis.asyncio connection belongs to the loop
         # that opened it. Weak keys, so a closed and dropped loop takes its client with it.
         self._async_lock = threading.Lock()
@@ -227,6 +235,20 @@ class RedisStreamStore:
                 raise StreamNotFound(stream_id)  # expired or deleted while we waited
             if heartbeat_s is not None:
                 yield []
+
+    def claim(self, stream_id: str, producer: str) -> bool:
+        """Take an open stream for `producer` to generate, once (one script, one round trip).
+
+        False if it is gone, has ended (e.g. settled while its generation waited) or was
+        claimed before (a task delivered twice)."""
+        return bool(self._claim(keys=[self.meta_key(stream_id)], args=[producer]))
+
+    def claimants(self, stream_ids: list[str]) -> dict[str, str]:
+        """The producers that claimed these streams, for those claimed (one round trip)."""
+        pipe = self._redis.pipeline(transaction=False)
+        for stream_id in stream_ids:
+            pipe.hget(self.meta_key(stream_id), "producer")
+        return {stream_id: who for stream_id, who in zip(stream_ids, pipe.execute(), strict=True) if who}
 
     def beat(self, producer: str, ttl_s: float) -> None:
         """Say that `producer` is alive for the next `ttl_s` seconds."""

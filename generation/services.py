@@ -22,7 +22,7 @@ from generation.engine import EngineOverloaded, GenerationResult, Job
 from generation.generators import GenerationParams, Prompt
 from generation.jobs import GenerationTask, engine_thread_task
 from generation.models import Conversation, Message
-from generation.streams import StreamNotFound
+from generation.streams import StreamNotFound, StreamStore
 
 logger = logging.getLogger(__name__)
 
@@ -84,11 +84,12 @@ def generation_start(
 
 
 def generation_claim(*, stream_id: str, message_id: int | None, producer: str) -> bool:
-    """Take a queued generation for a worker (`producer`); False if it must not run.
+    """Record in the ledger that a worker (`producer`) took a queued generation.
 
-    Only a generation still streaming and not yet taken can be claimed, and only once:
-    a task delivered twice, or one whose run was stopped or settled as interrupted while
-    it waited, generates nothing.
+    The worker claims the generation in the stream store first, once (a task delivered
+    twice, or one whose stream ended while it waited, generates nothing), and records it
+    here while it already generates. False if the ledger no longer has the generation
+    streaming under the queue's name: it was settled meanwhile, or has already finished.
     """
     with transaction.atomic():
         claimed = UsageRecord.objects.filter(stream_id=stream_id, status=STREAMING, producer=QUEUE_PRODUCER).update(
@@ -224,6 +225,36 @@ def message_mark_interrupted(message: Message) -> Message:
     return message
 
 
+def generation_abandon(*, stream_id: str, message_id: int | None) -> bool:
+    """Settle as interrupted a queued generation whose stream is gone before a worker took it.
+
+    Its stream expired while it waited, or Redis lost it: nobody reads it any more. Only a
+    generation the ledger still has under the queue's name is settled; returns whether it was.
+    """
+    with transaction.atomic():
+        record = (
+            UsageRecord.objects.select_for_update()
+            .filter(stream_id=stream_id, status=STREAMING, producer=QUEUE_PRODUCER)
+            .first()
+        )
+        if record is None:
+            return False
+        usage_finish(
+            stream_id=stream_id,
+            status=Message.Status.INTERRUPTED,
+            finish_reason="error",
+            prompt_tokens=record.prompt_tokens,
+            completion_tokens=0,
+            ttft_ms=None,
+            duration_ms=0,
+        )
+        if message_id is not None:
+            Message.objects.filter(pk=message_id, status=Message.Status.STREAMING).update(
+                status=Message.Status.INTERRUPTED, error="The answer waited too long to be written."
+            )
+    return True
+
+
 def messages_settle_orphans() -> int:
     """Mark interrupted the generations of producers that no longer beat.
 
@@ -231,14 +262,16 @@ def messages_settle_orphans() -> int:
     streams (they would otherwise hold the user's concurrent-stream limit forever).
     """
     store = runtime.stream_store()
+    messages = list(Message.objects.filter(status=Message.Status.STREAMING).exclude(producer=runtime.PRODUCER))
     settled = 0
-    for message in Message.objects.filter(status=Message.Status.STREAMING).exclude(producer=runtime.PRODUCER):
-        if not store.producer_alive(message.producer):
+    for message, dead in zip(messages, _producers_dead(store, messages), strict=True):
+        if dead:
             message_mark_interrupted(message)
             settled += 1
-    orphans = UsageRecord.objects.filter(status=Message.Status.STREAMING).exclude(producer=runtime.PRODUCER)
-    dead = {p for p in orphans.values_list("producer", flat=True).distinct() if not store.producer_alive(p)}
-    for record in orphans.filter(producer__in=dead):
+    records = list(UsageRecord.objects.filter(status=Message.Status.STREAMING).exclude(producer=runtime.PRODUCER))
+    for record, dead in zip(records, _producers_dead(store, records), strict=True):
+        if not dead:
+            continue
         usage_finish(
             stream_id=record.stream_id,
             status=Message.Status.INTERRUPTED,
@@ -251,6 +284,25 @@ def messages_settle_orphans() -> int:
         with contextlib.suppress(StreamNotFound, ValueError):
             store.append(record.stream_id, "error", {"message": "interrupted", "status": Message.Status.INTERRUPTED})
     return settled
+
+
+def _producers_dead(store: StreamStore, runs: list[Message] | list[UsageRecord]) -> list[bool]:
+    """For each run (with its `producer` and `stream_id`), whether its producer stopped beating.
+
+    A generation the ledger still has under the queue's name may already run on a worker,
+    which claimed its stream before recording it in the ledger (worker.generate): that
+    worker is the one to ask about, so a worker that dies in between is noticed too.
+    """
+    queued = [run.stream_id for run in runs if run.producer == QUEUE_PRODUCER and run.stream_id]
+    claimed = store.claimants(queued) if queued else {}
+    alive: dict[str, bool] = {}
+    dead = []
+    for run in runs:
+        producer = claimed.get(run.stream_id or "", run.producer)
+        if producer not in alive:
+            alive[producer] = store.producer_alive(producer)
+        dead.append(not alive[producer])
+    return dead
 
 
 def runs_reap() -> int:

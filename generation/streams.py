@@ -45,6 +45,8 @@ class StreamStore(Protocol):
     def read(
         self, stream_id: str, after: int = 0, *, heartbeat_s: float | None = None
     ) -> AsyncIterator[list[StreamEvent]]: ...
+    def claim(self, stream_id: str, producer: str) -> bool: ...
+    def claimants(self, stream_ids: list[str]) -> dict[str, str]: ...
     def beat(self, producer: str, ttl_s: float) -> None: ...
     def producer_alive(self, producer: str) -> bool: ...
     def expire_finished(self) -> int: ...
@@ -55,6 +57,7 @@ class _Stream:
     events: list[StreamEvent] = field(default_factory=list)
     cancelled: bool = False
     finished_at: float | None = None
+    producer: str | None = None  # the worker that claimed it
     waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = field(default_factory=list)
 
 
@@ -172,6 +175,24 @@ class InMemoryStreamStore:
             waiters = self._to_wake.pop(loop, [])
         for waiter in waiters:
             waiter.set()
+
+    def claim(self, stream_id: str, producer: str) -> bool:
+        """Take an open stream for `producer` to generate, once.
+
+        False if it is gone, has ended (e.g. settled while its generation waited) or was
+        claimed before (a task delivered twice)."""
+        with self._lock:
+            stream = self._streams.get(stream_id)
+            if stream is None or stream.finished_at is not None or stream.producer is not None:
+                return False
+            stream.producer = producer
+            return True
+
+    def claimants(self, stream_ids: list[str]) -> dict[str, str]:
+        """The producers that claimed these streams, for those claimed."""
+        with self._lock:
+            streams = ((stream_id, self._streams.get(stream_id)) for stream_id in stream_ids)
+            return {stream_id: stream.producer for stream_id, stream in streams if stream and stream.producer}
 
     def beat(self, producer: str, ttl_s: float) -> None:
         """Say that `producer` is alive for the next `ttl_s` seconds."""

@@ -24,7 +24,7 @@ from generation.dispatch import QUEUE_PRODUCER
 from generation.engine import Engine, EngineOverloaded, GenerationResult
 from generation.jobs import GenerationTask, job_for
 from generation.registry import resolve_model
-from generation.services import generation_claim
+from generation.services import generation_abandon, generation_claim
 
 logger = logging.getLogger(__name__)
 
@@ -67,8 +67,9 @@ def _beat() -> None:
         time.sleep(Engine.HEARTBEAT_S)
 
 
-# Claims are made on one thread with one kept database connection: a connection per
-# task thread would be hundreds of them, and opening one per claim costs a TTFT of ~15 ms.
+# The ledger learns which worker runs a generation on one thread with one kept database
+# connection, while the generation already runs: a connection per task thread would be
+# hundreds of them, and waiting for the write would add it to the time to first token.
 _claims = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chatsite-claims")
 
 
@@ -80,13 +81,31 @@ def _on_kept_connection(write: Callable[[], bool]) -> bool:
         return write()
 
 
+def _record_claim(task: GenerationTask, producer: str) -> None:
+    """Write the claim into the ledger; until then the reaper reads it from the stream."""
+    claim = partial(generation_claim, stream_id=task.stream_id, message_id=task.message_id, producer=producer)
+    try:
+        recorded = _on_kept_connection(claim)
+    except Exception:  # the reaper still finds the worker through the stream's claim
+        logger.exception("Could not record that %s runs generation %s", producer, task.stream_id)
+        return
+    if not recorded:  # settled meanwhile (or already finished): stop generating for nobody
+        runtime.stream_store().cancel(task.stream_id)
+
+
 def generate(task: GenerationTask) -> str:
     """Run one admitted generation on this worker's engine; return once it has ended."""
     engine = runtime.local_engine(task.model)
-    claim = partial(generation_claim, stream_id=task.stream_id, message_id=task.message_id, producer=engine.producer)
-    if not _claims.submit(_on_kept_connection, claim).result():
-        logger.info("Generation %s was stopped, settled or taken before it started; skipped", task.stream_id)
+    # Claimed once, in one round trip: a task delivered twice, or one whose stream was
+    # settled while it waited, generates nothing.
+    store = runtime.stream_store()
+    if not store.claim(task.stream_id, engine.producer):
+        if not store.exists(task.stream_id):  # expired while it waited: settle it, or it streams forever
+            abandon = partial(generation_abandon, stream_id=task.stream_id, message_id=task.message_id)
+            _claims.submit(_on_kept_connection, abandon).result()
+        logger.info("Generation %s was settled, taken or lost before it started; skipped", task.stream_id)
         return "skipped"
+    _claims.submit(_record_claim, task, engine.producer)
     logger.info("Generating %s with %s", task.stream_id, task.model)
     ended = threading.Event()
     outcome: list[GenerationResult] = []

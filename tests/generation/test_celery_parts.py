@@ -193,6 +193,7 @@ def test_the_worker_runs_a_claimed_task_to_the_end_and_frees_its_place(alice, fa
 
     assert worker.generate(GenerationTask.from_json(task.to_json())) == "complete"
 
+    worker._claims.submit(lambda: None).result()  # the ledger's record of the claim, written meanwhile
     answer.refresh_from_db()
     assert answer.status == "complete" and answer.producer == runtime.PRODUCER and answer.content
     assert UsageRecord.objects.get(stream_id="q1").completion_tokens == answer.completion_tokens
@@ -202,10 +203,42 @@ def test_the_worker_runs_a_claimed_task_to_the_end_and_frees_its_place(alice, fa
 
 def test_the_worker_skips_a_task_delivered_again(alice, fast_engine, worker_admission):
     answer = queued_answer(alice)
-    services.generation_claim(stream_id="q1", message_id=answer.pk, producer="a-worker-that-died")
+    fast_engine.store.create("q1")
+    fast_engine.store.claim("q1", "a-worker-that-died")
 
     assert worker.generate(task_for("q1", message_id=answer.pk)) == "skipped"
-    assert not fast_engine.store.exists("q1")  # nothing generated
+    assert fast_engine.store.events("q1") == []  # nothing generated
+    answer.refresh_from_db()
+    assert answer.status == "streaming" and answer.producer == QUEUE_PRODUCER  # the reaper's, via the claim
+
+
+def test_the_worker_skips_a_task_whose_stream_was_settled_while_it_waited(alice, fast_engine, worker_admission):
+    answer = queued_answer(alice)
+    fast_engine.store.create("q1")
+    fast_engine.store.append("q1", "error", {"message": "interrupted"})
+
+    assert worker.generate(task_for("q1", message_id=answer.pk)) == "skipped"
+    assert [e.type for e in fast_engine.store.events("q1")] == ["error"]
+
+
+def test_a_task_whose_stream_expired_while_it_waited_is_settled_not_run(alice, fast_engine, worker_admission):
+    answer = queued_answer(alice)  # its stream was never created here: as if expired
+
+    assert worker.generate(task_for("q1", message_id=answer.pk)) == "skipped"
+
+    answer.refresh_from_db()
+    assert answer.status == "interrupted" and not fast_engine.store.exists("q1")
+    assert UsageRecord.objects.get(stream_id="q1").status == "interrupted"  # no longer holds a stream of the user's
+
+
+def test_a_claim_the_ledger_has_settled_meanwhile_stops_the_generation(alice, fast_engine):
+    answer = queued_answer(alice)
+    UsageRecord.objects.filter(stream_id="q1").update(status="interrupted")
+    fast_engine.store.create("q1")
+
+    worker._record_claim(task_for("q1", message_id=answer.pk), "worker-a")
+
+    assert fast_engine.store.is_cancelled("q1")  # the engine stops it within a step
 
 
 def test_every_scheduled_housekeeping_task_exists():
@@ -225,6 +258,23 @@ def test_reaping_settles_dead_runs(alice, stream_store):
     dead.refresh_from_db()
     assert dead.status == "interrupted"
     assert stream_store.events("d1")[-1].type == "error"
+
+
+def test_reaping_asks_about_the_worker_that_claimed_a_run_the_ledger_still_has_queued(alice, stream_store):
+    stream_store.beat(QUEUE_PRODUCER, ttl_s=30)  # some worker lives
+    stream_store.beat("worker-alive", ttl_s=30)
+    for stream_id, claimant in (("waiting", None), ("on-live", "worker-alive"), ("on-dead", "worker-dead")):
+        queued_answer(alice, stream_id)
+        stream_store.create(stream_id)
+        if claimant:
+            stream_store.claim(stream_id, claimant)
+
+    assert app.tasks["generation.reap_dead_runs"]() == 1
+
+    statuses = dict(Message.objects.filter(role="assistant").values_list("stream_id", "status"))
+    assert statuses == {"waiting": "streaming", "on-live": "streaming", "on-dead": "interrupted"}
+    assert UsageRecord.objects.get(stream_id="on-dead").status == "interrupted"
+    assert stream_store.events("on-dead")[-1].type == "error"
 
 
 def test_reaping_gives_back_admission_places_of_runs_that_ended(alice, admission, stream_store, settings, monkeypatch):

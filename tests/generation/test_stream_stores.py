@@ -321,6 +321,21 @@ def test_cancelled_among_answers_for_many_streams_at_once(store):
     assert not store.is_cancelled("unknown") and not store.exists("unknown")
 
 
+def test_a_stream_is_claimed_once_while_open(store):
+    for name in ("open", "ended", "cancelled"):
+        store.create(name)
+    store.append("ended", "done", {})
+    store.cancel("cancelled")  # the engine ends it as stopped when it takes it
+
+    assert store.claim("open", "worker-a") is True
+    assert store.claim("open", "worker-b") is False  # a task delivered twice
+    assert store.claim("ended", "worker-a") is False  # settled while its task waited
+    assert store.claim("cancelled", "worker-a") is True
+    assert store.claim("unknown", "worker-a") is False and not store.exists("unknown")
+    assert store.claimants(["open", "ended", "cancelled", "unknown"]) == {"open": "worker-a", "cancelled": "worker-a"}
+    assert store.claimants([]) == {}
+
+
 def test_producer_heartbeat_is_alive_until_its_ttl_passes(store):
     assert not store.producer_alive("engine-1")
     store.beat("engine-1", 0.2)
