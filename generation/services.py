@@ -239,15 +239,7 @@ def generation_abandon(*, stream_id: str, message_id: int | None) -> bool:
         )
         if record is None:
             return False
-        usage_finish(
-            stream_id=stream_id,
-            status=Message.Status.INTERRUPTED,
-            finish_reason="error",
-            prompt_tokens=record.prompt_tokens,
-            completion_tokens=0,
-            ttft_ms=None,
-            duration_ms=0,
-        )
+        _usage_interrupted(record)
         if message_id is not None:
             Message.objects.filter(pk=message_id, status=Message.Status.STREAMING).update(
                 status=Message.Status.INTERRUPTED, error="The answer waited too long to be written."
@@ -272,18 +264,23 @@ def messages_settle_orphans() -> int:
     for record, dead in zip(records, _producers_dead(store, records), strict=True):
         if not dead:
             continue
-        usage_finish(
-            stream_id=record.stream_id,
-            status=Message.Status.INTERRUPTED,
-            finish_reason="error",
-            prompt_tokens=record.prompt_tokens,
-            completion_tokens=0,  # unknown; the user is not charged for a crash
-            ttft_ms=None,
-            duration_ms=0,
-        )
+        _usage_interrupted(record)
         with contextlib.suppress(StreamNotFound, ValueError):
             store.append(record.stream_id, "error", {"message": "interrupted", "status": Message.Status.INTERRUPTED})
     return settled
+
+
+def _usage_interrupted(record: UsageRecord) -> None:
+    """Settle a usage record whose generation will never finish; it no longer holds a stream."""
+    usage_finish(
+        stream_id=record.stream_id,
+        status=Message.Status.INTERRUPTED,
+        finish_reason="error",
+        prompt_tokens=record.prompt_tokens,
+        completion_tokens=0,  # unknown; the user is not charged for a crash
+        ttft_ms=None,
+        duration_ms=0,
+    )
 
 
 def _producers_dead(store: StreamStore, runs: list[Message] | list[UsageRecord]) -> list[bool]:
