@@ -360,6 +360,20 @@ class Engine:
         self._publish_status(news)
         return taken
 
+    def _cancelled_among(self, stream_ids: list[str]) -> set[str]:
+        """Which of these streams, and of the waiting jobs', were cancelled.
+
+        Asked once per step for every row, joining and waiting job together: one store
+        call (one Redis round trip), not one per row. A look that fails finds none; the
+        next step looks again, and a store that stays down stops the rows in `_send`."""
+        with self._lock:
+            waiting = [job.stream_id for job in self._jobs]
+        try:
+            return self.store.cancelled_among([*stream_ids, *waiting])
+        except Exception:
+            logger.exception("Could not read the cancel flags; looking again at the next step")
+            return set()
+
     def _withdraw_cancelled(self, stream_ids: set[str]) -> None:
         """End the waiting jobs among these at once, without waiting for their turn."""
         with self._lock:
@@ -411,12 +425,19 @@ class Engine:
         runs: dict[Sequence, _Run] = {}
         outbox: list[Event] = []
         while (jobs := self._take(self.max_concurrent - len(runs), wait=not runs)) is not None:
+            running = {run.job.stream_id: run for run in runs.values()}
+            joining = {job.stream_id for job in jobs}
+            cancelled = self._cancelled_among([*running, *joining])
+            for stream_id in cancelled & running.keys():
+                running[stream_id].cancelled = True
+            if cancelled - running.keys() - joining:
+                self._withdraw_cancelled(cancelled)
             for job in jobs:
                 run = _Run(job, self, outbox)
                 try:
                     if batch is None:
                         raise RuntimeError(f"the model is not loaded ({self.load_error})")
-                    if run.poll_cancelled():
+                    if job.stream_id in cancelled:
                         self._finish(run, run.cancelled_before_start())
                     else:
                         batch.add(run.sequence)
@@ -425,16 +446,8 @@ class Engine:
                     self._finish(run, run.failed(error))
             if not runs or batch is None:
                 continue
+            by_stream = {run.job.stream_id: run for run in runs.values()}
             try:
-                # One look at every row's cancel flag per step, instead of one per row.
-                by_stream = {run.job.stream_id: run for run in runs.values()}
-                with self._lock:
-                    waiting = [job.stream_id for job in self._jobs]
-                cancelled = self.store.cancelled_among([*by_stream, *waiting])
-                for stream_id in cancelled & by_stream.keys():
-                    by_stream[stream_id].cancelled = True
-                if cancelled - by_stream.keys():
-                    self._withdraw_cancelled(cancelled)
                 finished = batch.step()
             except Exception as error:
                 logger.exception("A batched decoding step failed; ending its %d generations", len(runs))
