@@ -83,21 +83,23 @@ def generation_start(
     return Started(stream_id=stream_id, max_tokens=max_tokens, quota=quota)
 
 
-def generation_claim(*, stream_id: str, message_id: int | None, producer: str) -> bool:
-    """Record in the ledger that a worker (`producer`) took a queued generation.
+def generation_claims(*, claims: dict[str, int | None], producer: str) -> set[str]:
+    """Record in the ledger that a worker (`producer`) took these queued generations.
 
-    The worker claims the generation in the stream store first, once (a task delivered
-    twice, or one whose stream ended while it waited, generates nothing), and records it
-    here while it already generates. False if the ledger no longer has the generation
-    streaming under the queue's name: it was settled meanwhile, or has already finished.
+    `claims` maps each stream id to its answer's message id (None for the API). The
+    worker claims each generation in the stream store first, once (a task delivered
+    twice, or one whose stream ended while it waited, generates nothing), and records
+    its claims here a moment later, together, while they already generate or after a
+    short one has finished. Returns the stream ids still streaming; the others were
+    settled meanwhile, or have finished.
     """
     with transaction.atomic():
-        claimed = UsageRecord.objects.filter(stream_id=stream_id, status=STREAMING, producer=QUEUE_PRODUCER).update(
-            producer=producer
-        )
-        if claimed and message_id is not None:
-            Message.objects.filter(pk=message_id, status=Message.Status.STREAMING).update(producer=producer)
-    return bool(claimed)
+        taken = UsageRecord.objects.select_for_update().filter(stream_id__in=claims, producer=QUEUE_PRODUCER)
+        statuses = dict(taken.values_list("stream_id", "status"))
+        UsageRecord.objects.filter(stream_id__in=statuses).update(producer=producer)
+        answers = [claims[stream_id] for stream_id in statuses if claims[stream_id] is not None]
+        Message.objects.filter(pk__in=answers, producer=QUEUE_PRODUCER).update(producer=producer)
+    return {stream_id for stream_id, status in statuses.items() if status == STREAMING}
 
 
 def message_send(*, conversation: Conversation, prompt: str, channel: str = "ui") -> tuple[Message, Message]:

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
+from typing import TypeVar
 
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connections
@@ -24,9 +25,11 @@ from generation.dispatch import QUEUE_PRODUCER
 from generation.engine import Engine, EngineOverloaded, GenerationResult
 from generation.jobs import GenerationTask, job_for
 from generation.registry import resolve_model
-from generation.services import generation_abandon, generation_claim
+from generation.services import generation_abandon, generation_claims
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _started = threading.Event()
 
@@ -67,13 +70,20 @@ def _beat() -> None:
         time.sleep(Engine.HEARTBEAT_S)
 
 
-# The ledger learns which worker runs a generation on one thread with one kept database
-# connection, while the generation already runs: a connection per task thread would be
-# hundreds of them, and waiting for the write would add it to the time to first token.
-_claims = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chatsite-claims")
+# The worker's database work runs on one thread with one kept connection: a connection
+# per task thread would be hundreds of them.
+_ledger = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chatsite-ledger")
+
+# Which worker runs a generation reaches the ledger this long after the claim, together
+# with the other claims of that moment, in one transaction. Generations come in bursts:
+# this writes a burst's claims once, after their prompts are prefilled instead of on
+# the same cores meanwhile. Until then the reaper reads the claims from the streams.
+CLAIMS_DELAY_S = 0.5
+_unrecorded: dict[str, dict[str, int | None]] = {}  # producer -> stream id -> answer id
+_unrecorded_lock = threading.Lock()
 
 
-def _on_kept_connection(write: Callable[[], bool]) -> bool:
+def _on_kept_connection(write: Callable[[], T]) -> T:
     try:
         return write()
     except (InterfaceError, OperationalError):  # the kept connection died (a database restart)
@@ -81,16 +91,29 @@ def _on_kept_connection(write: Callable[[], bool]) -> bool:
         return write()
 
 
-def _record_claim(task: GenerationTask, producer: str) -> None:
-    """Write the claim into the ledger; until then the reaper reads it from the stream."""
-    claim = partial(generation_claim, stream_id=task.stream_id, message_id=task.message_id, producer=producer)
-    try:
-        recorded = _on_kept_connection(claim)
-    except Exception:  # the reaper still finds the worker through the stream's claim
-        logger.exception("Could not record that %s runs generation %s", producer, task.stream_id)
-        return
-    if not recorded:  # settled meanwhile (or already finished): stop generating for nobody
-        runtime.stream_store().cancel(task.stream_id)
+def _note_claim(task: GenerationTask, producer: str) -> None:
+    """Have the claim written into the ledger with the others of the next CLAIMS_DELAY_S."""
+    with _unrecorded_lock:
+        first = not _unrecorded
+        _unrecorded.setdefault(producer, {})[task.stream_id] = task.message_id
+    if first:
+        _ledger.submit(_record_claims, CLAIMS_DELAY_S)
+
+
+def _record_claims(delay_s: float = 0.0) -> None:
+    time.sleep(delay_s)
+    with _unrecorded_lock:
+        unrecorded = dict(_unrecorded)
+        _unrecorded.clear()
+    for producer, claims in unrecorded.items():
+        record = partial(generation_claims, claims=claims, producer=producer)
+        try:
+            streaming = _on_kept_connection(record)
+        except Exception:  # the reaper still finds the worker through the streams' claims
+            logger.exception("Could not record that %s runs %d generations", producer, len(claims))
+            continue
+        for stream_id in claims.keys() - streaming:  # settled meanwhile, or finished: stop generating for nobody
+            runtime.stream_store().cancel(stream_id)
 
 
 def generate(task: GenerationTask) -> str:
@@ -102,10 +125,10 @@ def generate(task: GenerationTask) -> str:
     if not store.claim(task.stream_id, engine.producer):
         if not store.exists(task.stream_id):  # expired while it waited: settle it, or it streams forever
             abandon = partial(generation_abandon, stream_id=task.stream_id, message_id=task.message_id)
-            _claims.submit(_on_kept_connection, abandon).result()
+            _ledger.submit(_on_kept_connection, abandon).result()
         logger.info("Generation %s was settled, taken or lost before it started; skipped", task.stream_id)
         return "skipped"
-    _claims.submit(_record_claim, task, engine.producer)
+    _note_claim(task, engine.producer)
     logger.info("Generating %s with %s", task.stream_id, task.model)
     ended = threading.Event()
     outcome: list[GenerationResult] = []

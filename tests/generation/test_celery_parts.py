@@ -152,8 +152,8 @@ def queued_answer(user, stream_id: str = "q1") -> Message:
 def test_a_queued_generation_is_claimed_once(alice):
     answer = queued_answer(alice)
 
-    assert services.generation_claim(stream_id="q1", message_id=answer.pk, producer="worker-a")
-    assert not services.generation_claim(stream_id="q1", message_id=answer.pk, producer="worker-b")
+    assert services.generation_claims(claims={"q1": answer.pk}, producer="worker-a") == {"q1"}
+    assert services.generation_claims(claims={"q1": answer.pk}, producer="worker-b") == set()
 
     answer.refresh_from_db()
     assert answer.producer == "worker-a"
@@ -164,14 +164,14 @@ def test_a_generation_settled_while_queued_is_not_claimed(alice):
     answer = queued_answer(alice)
     UsageRecord.objects.filter(stream_id="q1").update(status="interrupted")
 
-    assert not services.generation_claim(stream_id="q1", message_id=answer.pk, producer="worker-a")
+    assert services.generation_claims(claims={"q1": answer.pk}, producer="worker-a") == set()
 
 
 @pytest.fixture(autouse=True)
 def _claims_connection_closed():
     yield
     # The worker keeps its claims thread's connection; the test database must be droppable.
-    worker._claims.submit(connections.close_all).result()
+    worker._ledger.submit(connections.close_all).result()
 
 
 @pytest.fixture
@@ -193,7 +193,7 @@ def test_the_worker_runs_a_claimed_task_to_the_end_and_frees_its_place(alice, fa
 
     assert worker.generate(GenerationTask.from_json(task.to_json())) == "complete"
 
-    worker._claims.submit(lambda: None).result()  # the ledger's record of the claim, written meanwhile
+    worker._ledger.submit(lambda: None).result()  # the ledger's record of the claim, written meanwhile
     answer.refresh_from_db()
     assert answer.status == "complete" and answer.producer == runtime.PRODUCER and answer.content
     assert UsageRecord.objects.get(stream_id="q1").completion_tokens == answer.completion_tokens
@@ -236,9 +236,31 @@ def test_a_claim_the_ledger_has_settled_meanwhile_stops_the_generation(alice, fa
     UsageRecord.objects.filter(stream_id="q1").update(status="interrupted")
     fast_engine.store.create("q1")
 
-    worker._record_claim(task_for("q1", message_id=answer.pk), "worker-a")
+    worker._note_claim(task_for("q1", message_id=answer.pk), "worker-a")
+    worker._ledger.submit(lambda: None).result()
 
     assert fast_engine.store.is_cancelled("q1")  # the engine stops it within a step
+
+
+def test_claims_made_together_reach_the_ledger_in_one_write(alice, fast_engine, monkeypatch):
+    answers = {stream_id: queued_answer(alice, stream_id) for stream_id in ("q1", "q2", "q3")}
+    UsageRecord.objects.filter(stream_id="q3").update(status="interrupted")  # settled while it waited
+    writes = []
+
+    def counted(**kwargs):
+        writes.append(kwargs["claims"])
+        return services.generation_claims(**kwargs)
+
+    monkeypatch.setattr(worker, "generation_claims", counted)
+    for stream_id, answer in answers.items():
+        fast_engine.store.create(stream_id)
+        worker._note_claim(task_for(stream_id, message_id=answer.pk), "worker-a")
+    worker._ledger.submit(lambda: None).result()
+
+    assert writes == [{stream_id: answer.pk for stream_id, answer in answers.items()}]
+    assert UsageRecord.objects.filter(producer="worker-a").count() == 3  # q3's too: this worker took it
+    assert Message.objects.filter(producer="worker-a").count() == 3
+    assert fast_engine.store.cancelled_among(["q1", "q2", "q3"]) == {"q3"}
 
 
 def test_every_scheduled_housekeeping_task_exists():
