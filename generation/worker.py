@@ -100,7 +100,7 @@ def _note_claim(task: GenerationTask, producer: str) -> None:
         _ledger.submit(_record_claims, CLAIMS_DELAY_S)
 
 
-def _record_claims(delay_s: float = 0.0) -> None:
+def _record_claims(delay_s: float) -> None:
     time.sleep(delay_s)
     with _unrecorded_lock:
         unrecorded = dict(_unrecorded)
@@ -112,7 +112,8 @@ def _record_claims(delay_s: float = 0.0) -> None:
         except Exception:  # the reaper still finds the worker through the streams' claims
             logger.exception("Could not record that %s runs %d generations", producer, len(claims))
             continue
-        for stream_id in claims.keys() - streaming:  # settled meanwhile, or finished: stop generating for nobody
+        # Settled meanwhile: stop generating for nobody (for those that finished, a no-op).
+        for stream_id in claims.keys() - streaming:
             runtime.stream_store().cancel(stream_id)
 
 
