@@ -146,6 +146,6 @@ def generate(task: GenerationTask) -> str:
         refused = GenerationResult(text="", status="error", finish_reason="error", error=f"Overloaded: {error}")
         assert job.on_finish is not None
         job.on_finish(refused)
-        runtime.stream_store().append(task.stream_id, "error", {"message": refused.error, **refused.summary()})
+        store.append(task.stream_id, "error", {"message": refused.error, **refused.summary()})
     ended.wait()
     return outcome[0].status
