@@ -29,10 +29,13 @@ class QuotaExceeded(Exception):
 
 
 class InvalidRequest(ValueError):
-    def __init__(self, message: str, *, param: str | None = None) -> None:
+    """The request can never run as it is (unlike a QuotaExceeded, it won't pass later)."""
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -84,23 +87,12 @@ def quota_for(user: User, *, limits: Limits | None = None) -> Quota:
     )
 
 
-def usage_admit(
-    *,
-    user: User,
-    channel: str,
-    model: str,
-    stream_id: str,
-    producer: str,
-    requested_max_tokens: int | None,
-    api_key: ApiKey | None = None,
-) -> tuple[UsageRecord, int, Quota]:
-    """Check every limit before a generation starts; record it in the ledger.
+def usage_request_count(*, user: User, limits: Limits, requested_max_tokens: int | None) -> int:
+    """Count a generation request against the per-minute limit: the cheap checks, made first.
 
-    Returns the usage record, the max_tokens granted (capped by the plan and by what is
-    left of today's budget) and the quota after admission. Raises QuotaExceeded or
-    InvalidRequest.
+    Returns the requests made this minute, this one included. Raises InvalidRequest (a
+    max_tokens beyond the plan, not counted) or QuotaExceeded (rate_limit_exceeded).
     """
-    limits = account_for(user).limits
     if requested_max_tokens is not None and requested_max_tokens > limits.max_tokens_per_request:
         raise InvalidRequest(f"max_tokens is at most {limits.max_tokens_per_request} on your plan.", param="max_tokens")
     now = timezone.now()
@@ -111,6 +103,31 @@ def usage_admit(
             f"Rate limit reached: {limits.requests_per_minute} requests per minute.",
             retry_after=60 - now.second,
         )
+    return requests
+
+
+def usage_admit(
+    *,
+    user: User,
+    limits: Limits,
+    requests: int,
+    channel: str,
+    model: str,
+    stream_id: str,
+    producer: str,
+    prompt_tokens: int,
+    max_tokens: int,
+    api_key: ApiKey | None = None,
+) -> tuple[UsageRecord, int, Quota]:
+    """Reserve a counted request's tokens in today's budget and record it in the ledger.
+
+    The prompt's tokens and the answer's max_tokens are reserved together (the answer's
+    share capped by what is left of the budget); usage_finish settles them to the real
+    figures. Returns the usage record, the max_tokens granted and the quota after
+    admission. Raises QuotaExceeded (too_many_concurrent_streams, or insufficient_quota
+    when the prompt and one token of answer don't fit in what is left today).
+    """
+    now = timezone.now()
     with transaction.atomic():
         # Lock the account row so two requests can't both take the last stream or tokens.
         Account.objects.select_for_update().filter(user=user).first()
@@ -122,14 +139,14 @@ def usage_admit(
                 retry_after=1,
             )
         remaining = limits.tokens_per_day - _tokens_today(user, now)
-        if remaining <= 0:
+        if remaining <= prompt_tokens:
+            spent = "used today's" if remaining <= 0 else f"{remaining} left of today's"
             raise QuotaExceeded(
                 "insufficient_quota",
-                f"You have used today's {limits.tokens_per_day} tokens.",
+                f"This request's prompt is {prompt_tokens} tokens and you have {spent} {limits.tokens_per_day} tokens.",
                 retry_after=_seconds_to_midnight(now),
             )
-        granted = min(requested_max_tokens or limits.max_tokens_per_request, limits.max_tokens_per_request, remaining)
-        used_before = limits.tokens_per_day - remaining
+        granted = min(max_tokens, remaining - prompt_tokens)
         record = UsageRecord.objects.create(
             user=user,
             api_key=api_key,
@@ -137,13 +154,14 @@ def usage_admit(
             model=model,
             stream_id=stream_id,
             producer=producer,
+            prompt_tokens=prompt_tokens,
             reserved_tokens=granted,
             created_at=now,
         )
     quota = Quota(
         limits=limits,
         requests_remaining=limits.requests_per_minute - requests,
-        tokens_used_today=used_before + granted,
+        tokens_used_today=limits.tokens_per_day - remaining + prompt_tokens + granted,
         requests_reset_s=60 - now.second,
         tokens_reset_s=_seconds_to_midnight(now),
     )

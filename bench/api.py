@@ -34,7 +34,14 @@ def time_checks(count: int) -> dict[str, float]:
     from django.contrib.auth.models import User
 
     from accounts.models import Account
-    from accounts.services import account_for, api_key_authenticate, api_key_create, usage_admit, usage_finish
+    from accounts.services import (
+        account_for,
+        api_key_authenticate,
+        api_key_create,
+        usage_admit,
+        usage_finish,
+        usage_request_count,
+    )
 
     user = User.objects.create_user(f"bench-{uuid.uuid4().hex[:8]}")
     Account.objects.filter(pk=account_for(user).pk).update(requests_per_minute=10**6, max_concurrent_streams=10**6)
@@ -45,13 +52,17 @@ def time_checks(count: int) -> dict[str, float]:
         key = api_key_authenticate(plain)
         authenticated = time.perf_counter()
         stream_id = uuid.uuid4().hex
+        limits = account_for(user).limits
         usage_admit(
             user=user,
+            limits=limits,
+            requests=usage_request_count(user=user, limits=limits, requested_max_tokens=16),
             channel="api",
             model=MODEL,
             stream_id=stream_id,
             producer="bench",
-            requested_max_tokens=16,
+            prompt_tokens=8,
+            max_tokens=16,
             api_key=key,
         )
         admitted = time.perf_counter()

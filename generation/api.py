@@ -26,12 +26,19 @@ from pydantic import ValidationError
 from accounts.models import ApiKey, UsageRecord
 from accounts.services import InvalidRequest, Quota, QuotaExceeded, account_for, api_key_authenticate, quota_for
 from generation import runtime
-from generation.api_schemas import ChatCompletionRequest, CompletionOptions, CompletionRequest
+from generation.api_schemas import MAX_TOKENS_MAX, ChatCompletionRequest, CompletionOptions, CompletionRequest
 from generation.engine import EngineOverloaded
 from generation.generators import GenerationParams, Prompt
 from generation.openapi import openapi_document
 from generation.services import generation_start
-from generation.streams import StreamEvent, StreamNotFound, coalesced, sse_event
+from generation.streams import (
+    MAX_SEQUENCE,
+    StreamEvent,
+    StreamNotFound,
+    coalesced,
+    parse_resume_point,
+    sse_event,
+)
 
 HEARTBEAT_S = 15.0
 BUSY_RETRY_AFTER_S = 5
@@ -311,22 +318,10 @@ async def _complete(
 ) -> HttpResponseBase:
     if body.model not in runtime.model_names():
         raise ApiError(404, f"The model {body.model!r} does not exist.", code="model_not_found", param="model")
-    engine = runtime.engine(body.model)
-    if engine.generator is None:
-        raise ApiError(503, "The model is still loading.", code="server_overloaded", retry_after=BUSY_RETRY_AFTER_S)
-    generator = engine.generator
-    prompt_tokens = await sync_to_async(generator.count_prompt_tokens)(prompt)
-    if prompt_tokens >= generator.context_length:
-        raise ApiError(
-            400,
-            f"This model's maximum context length is {generator.context_length} tokens; "
-            f"your prompt is {prompt_tokens} tokens.",
-            code="context_length_exceeded",
-            param="messages" if completion.kind == "chat" else "prompt",
-        )
     requested = body.requested_max_tokens()
     params = GenerationParams(
-        max_tokens=requested or generator.context_length,
+        # Unset: as long as the plan, the context and the day's budget allow (generation_admit).
+        max_tokens=requested or MAX_TOKENS_MAX,
         temperature=body.temperature,
         top_p=body.top_p,
         seed=body.seed,
@@ -348,7 +343,9 @@ async def _complete(
             429, refusal.message, code=refusal.code, param=refusal.param, retry_after=refusal.retry_after
         ) from None
     except InvalidRequest as invalid:
-        raise ApiError(400, invalid.message, param=invalid.param) from None
+        # The service calls the prompt "prompt"; a chat completion's is its messages.
+        param = "messages" if invalid.param == "prompt" and completion.kind == "chat" else invalid.param
+        raise ApiError(400, invalid.message, code=invalid.code, param=param) from None
     except EngineOverloaded:
         raise ApiError(
             503,
@@ -446,12 +443,11 @@ async def _owned_completion(caller: Caller, completion_id: str) -> Completion:
 def _resume_point(request: HttpRequest) -> int:
     raw = request.GET.get("after") or request.headers.get("Last-Event-ID") or "0"
     try:
-        after = int(raw)
+        return parse_resume_point(raw)
     except ValueError:
-        after = -1
-    if after < 0:
-        raise ApiError(400, "Last-Event-ID and ?after= must be a non-negative integer.", param="after")
-    return after
+        raise ApiError(
+            400, f"Last-Event-ID and ?after= must be an integer from 0 to {MAX_SEQUENCE}.", param="after"
+        ) from None
 
 
 def _parse(request: HttpRequest, schema: type[CompletionOptions]) -> CompletionOptions:

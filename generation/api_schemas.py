@@ -9,6 +9,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 MAX_STOP_SEQUENCES = 4
 MAX_STOP_LENGTH = 100
 MAX_MESSAGES = 1000
+# Seeds are 64-bit signed integers (torch's generators take no more); token counts fit a
+# 32-bit column. Values beyond are refused here, naming the field, and never reach the model.
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+MAX_TOKENS_MAX = 2**31 - 1
 
 
 class Strict(BaseModel):
@@ -40,7 +44,8 @@ class StreamOptions(Strict):
 
 Temperature = Annotated[float, Field(ge=0, le=2)]
 TopP = Annotated[float, Field(gt=0, le=1)]
-MaxTokens = Annotated[int, Field(ge=1)]
+MaxTokens = Annotated[int, Field(ge=1, le=MAX_TOKENS_MAX)]
+Seed = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)]
 
 
 class CompletionOptions(Strict):
@@ -52,7 +57,7 @@ class CompletionOptions(Strict):
     max_tokens: MaxTokens | None = None
     temperature: Temperature = 1.0
     top_p: TopP = 1.0
-    seed: int | None = None
+    seed: Seed | None = None
     stop: str | list[str] | None = None
     n: Literal[1] = 1
     user: Annotated[str, Field(max_length=256)] | None = None

@@ -19,7 +19,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from generation.generators import SYNTHETIC_TEXT, GenerationOutcome, GenerationParams, Prompt, TokenText
+from generation.generators import (
+    SYNTHETIC_TEXT,
+    GenerationOutcome,
+    GenerationParams,
+    Prompt,
+    TokenText,
+    check_prompt,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -37,16 +44,23 @@ class Sequence:
     should_stop: Callable[[], bool]
 
 
+# A sequence leaving the batch: how it ended, or what failed it alone.
+Finished = tuple[Sequence, GenerationOutcome | Exception]
+
+
 class Batch(Protocol):
     """Generations stepping together; one thread drives it."""
 
     def __len__(self) -> int: ...
 
     def add(self, sequence: Sequence) -> None:
-        """Join at the next step; raises ContextLengthExceeded if the prompt can't fit."""
+        """Join at the next step; raises UnfitPrompt if the prompt can't run (empty, too long)."""
 
-    def step(self) -> list[tuple[Sequence, GenerationOutcome]]:
-        """Advance every sequence by one token; the ones that finished, which leave."""
+    def step(self) -> list[Finished]:
+        """Advance every sequence by one token; the ones that finished, which leave.
+
+        A sequence that alone makes the step fail leaves with its error, and the step goes
+        on without it. A failure no single sequence explains is raised."""
 
     def cancel_all(self) -> list[Sequence]:
         """Empty the batch (after a failed step); the sequences that were in it."""
@@ -100,39 +114,49 @@ class TransformersBatch:
                 rng.seed()
         self._joining.append(_Row(sequence, prompt_ids, min(params.max_tokens, room), self.generator.token_text(), rng))
 
-    def step(self) -> list[tuple[Sequence, GenerationOutcome]]:
+    def step(self) -> list[Finished]:
         torch = self._torch
+        finished: list[Finished] = []
         with torch.inference_mode():
             logits = []
-            if self._rows:
-                logits.append(self._decode())
+            if self._rows and (decoded := self._decode_sparing(finished)) is not None:
+                logits.append(decoded)
             if self._joining:
-                joined, joined_logits = self._prefill(self._joining)
-                logits.append(joined_logits)
-                self._rows += joined
+                joined, joined_logits = self._prefill_sparing(self._joining, finished)
                 self._joining = []
+                if joined_logits is not None:
+                    logits.append(joined_logits)
+                    self._rows += joined
+            if not logits:
+                return finished
             chosen = self._choose(torch.cat(logits)).tolist()
-        finished: list[tuple[Sequence, GenerationOutcome]] = []
         keep: list[int] = []
         for index, (row, token_id) in enumerate(zip(self._rows, chosen, strict=True)):
-            row.count += 1
-            row.next_id = token_id
-            if token_id in self.generator.eos_ids:
-                row.finish_reason = "stop"
-            elif text := row.text.step(token_id):
-                row.sequence.on_token(text)
-            if row.finish_reason is None and row.sequence.should_stop():
-                row.finish_reason = "cancelled"
-            elif row.finish_reason is None and row.count >= row.limit:
-                row.finish_reason = "length"
+            try:
+                self._advance(row, token_id)
+            except Exception as error:  # e.g. its reader's callback: this row alone ends
+                finished.append((row.sequence, error))
+                continue
             if row.finish_reason is None:
                 keep.append(index)
             else:
-                outcome = GenerationOutcome(len(row.prompt_ids), row.count, row.finish_reason)
-                finished.append((row.sequence, outcome))
+                finished.append((row.sequence, GenerationOutcome(len(row.prompt_ids), row.count, row.finish_reason)))
         if len(keep) < len(self._rows):
             self._drop_all_but(keep)
         return finished
+
+    def _advance(self, row: _Row, token_id: int) -> None:
+        """Take a row's next token: hand on its text, and decide whether it has finished."""
+        row.count += 1
+        row.next_id = token_id
+        if token_id in self.generator.eos_ids:
+            row.finish_reason = "stop"
+        elif text := row.text.step(token_id):
+            row.sequence.on_token(text)
+        if row.finish_reason is None and row.sequence.should_stop():
+            row.finish_reason = "cancelled"
+        elif row.finish_reason is None and row.count >= row.limit:
+            row.finish_reason = "length"
 
     def cancel_all(self) -> list[Sequence]:
         sequences = [row.sequence for row in [*self._rows, *self._joining]]
@@ -140,25 +164,77 @@ class TransformersBatch:
         return sequences
 
     def _decode(self) -> torch.Tensor:
-        torch = self._torch
         assert self._mask is not None
-        input_ids = torch.tensor([[row.next_id] for row in self._rows], device=self.device)
-        positions = self._mask.sum(dim=1, keepdim=True)
-        self._mask = torch.cat([self._mask, self._mask.new_ones((len(self._rows), 1))], dim=1)
+        logits, self._cache, self._mask = self._decode_rows(self._rows, self._cache, self._mask)
+        return logits
+
+    def _decode_rows(self, rows: list[_Row], cache: Any, mask: torch.Tensor) -> tuple[torch.Tensor, Any, torch.Tensor]:
+        """One decoding step of these rows: their logits, and their cache and mask after it."""
+        torch = self._torch
+        input_ids = torch.tensor([[row.next_id] for row in rows], device=self.device)
+        positions = mask.sum(dim=1, keepdim=True)
+        mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
         output = self.model(
             input_ids=input_ids,
-            attention_mask=self._mask,
+            attention_mask=mask,
             position_ids=positions,
-            cache=self._cache,
+            cache=cache,
             use_cache=True,
             logits_to_keep=1,
         )
-        self._cache = output.cache
-        return output.logits[:, -1, :].float()
+        return output.logits[:, -1, :].float(), output.cache, mask
+
+    def _decode_sparing(self, finished: list[Finished]) -> torch.Tensor | None:
+        """_decode(); if it fails, each row is tried alone, the ones that fail alone leave
+        the batch with their error, and the rest decode together again.
+
+        Only a failed step pays for the tries (one forward pass per row). A failure that
+        no row explains alone is raised."""
+        from transformers import DynamicCache
+
+        before = [(layer.keys, layer.values) for layer in self._cache.layers]
+        try:
+            return self._decode()
+        except Exception:
+            # The forward pass may have grown some layers before it failed: undo that.
+            self._cache = DynamicCache(before)
+            failing: dict[int, Exception] = {}
+            for index, row in enumerate(self._rows):
+                try:
+                    self._decode_rows([row], *self._rows_state([index]))
+                except Exception as row_error:
+                    failing[index] = row_error
+            if not failing:
+                raise
+        finished += [(self._rows[index].sequence, row_error) for index, row_error in failing.items()]
+        self._drop_all_but([index for index in range(len(self._rows)) if index not in failing])
+        return self._decode() if self._rows else None
+
+    def _prefill_sparing(self, rows: list[_Row], finished: list[Finished]) -> tuple[list[_Row], torch.Tensor | None]:
+        """_prefill(); if it fails, each prompt is prefilled alone and the ones that fail
+        leave with their error: one bad prompt never fails the others joining with it."""
+        try:
+            return self._prefill(rows)
+        except Exception as error:
+            if len(rows) == 1:
+                finished.append((rows[0].sequence, error))
+                return [], None
+        joined: list[_Row] = []
+        logits = []
+        for row in rows:
+            try:
+                _, row_logits = self._prefill([row])
+            except Exception as error:
+                finished.append((row.sequence, error))
+                continue
+            joined.append(row)
+            logits.append(row_logits)
+        return joined, self._torch.cat(logits) if logits else None
 
     def _prefill(self, rows: list[_Row]) -> tuple[list[_Row], torch.Tensor]:
         """Run the joining prompts and merge their cache rows in: the rows in their new
-        order, and each one's logits for its first token.
+        order, and each one's logits for its first token. Nothing is merged unless every
+        prompt ran.
 
         Prompts that open with the chat template's usual beginning (its system prompt, up
         to the first message) start from that beginning's keys and values, computed once:
@@ -169,16 +245,20 @@ class TransformersBatch:
         skip = len(prefix_ids)
         sharing = [row for row in rows if skip and row.prompt_ids[:skip] == prefix_ids and len(row.prompt_ids) > skip]
         others = [row for row in rows if row not in sharing]
-        logits = []
+        groups = []
         if sharing:
-            logits.append(self._prefill_group(sharing, skip, prefix_kv))
+            groups.append(self._prefill_group(sharing, skip, prefix_kv))
         if others:
-            logits.append(self._prefill_group(others, 0, []))
-        return sharing + others, torch.cat(logits)
+            groups.append(self._prefill_group(others, 0, []))
+        for cache, mask, _ in groups:
+            self._merge(cache, mask)
+        return sharing + others, torch.cat([logits for _, _, logits in groups])
 
-    def _prefill_group(self, rows: list[_Row], skip: int, prefix_kv: list[tuple[Any, Any]]) -> torch.Tensor:
+    def _prefill_group(
+        self, rows: list[_Row], skip: int, prefix_kv: list[tuple[Any, Any]]
+    ) -> tuple[Any, torch.Tensor, torch.Tensor]:
         """Prefill these rows' prompts after their first `skip` tokens, whose keys and
-        values are given, left-padding the rest to one width."""
+        values are given, left-padding the rest to one width: their cache, mask and logits."""
         from transformers import DynamicCache
 
         torch = self._torch
@@ -199,8 +279,7 @@ class TransformersBatch:
             use_cache=True,
             logits_to_keep=1,
         )
-        self._merge(output.cache, mask)
-        return output.logits[:, -1, :].float()
+        return output.cache, mask, output.logits[:, -1, :].float()
 
     def _template_prefix(self) -> tuple[list[int], list[tuple[Any, Any]]]:
         """The chat template's usual beginning and its keys and values per layer."""
@@ -232,23 +311,27 @@ class TransformersBatch:
         self._mask = torch.cat([_left_pad(self._mask, width, 1), _left_pad(mask, width, 1)])
 
     def _drop_all_but(self, keep: list[int]) -> None:
-        from transformers import DynamicCache
-
         self._rows = [self._rows[index] for index in keep]
         if not keep:
             self._cache, self._mask = None, None
             return
+        self._cache, self._mask = self._rows_state(keep)
+
+    def _rows_state(self, keep: list[int]) -> tuple[Any, torch.Tensor]:
+        """The cache and mask of just these rows, without the columns that are padding in all of them."""
+        from transformers import DynamicCache
+
         assert self._mask is not None
         index = self._torch.tensor(keep, device=self.device)
         mask = self._mask.index_select(0, index)
         start = int(mask.any(dim=0).nonzero()[0])  # columns before it are padding in every row
-        self._mask = mask[:, start:]
-        self._cache = DynamicCache(
+        cache = DynamicCache(
             [
                 (layer.keys.index_select(0, index)[:, :, start:], layer.values.index_select(0, index)[:, :, start:])
                 for layer in self._cache.layers
             ]
         )
+        return cache, mask[:, start:]
 
     def _choose(self, logits: torch.Tensor) -> torch.Tensor:
         """The next token of every row: greedy where temperature is 0, else sampled with
@@ -308,11 +391,13 @@ class SyntheticBatch:
     def add(self, sequence: Sequence) -> None:
         if not self._rows:  # after an idle spell the clock starts afresh, with no burst of late ticks
             self._next_tick = time.monotonic()
+        prompt_tokens = self.generator.count_prompt_tokens(sequence.prompt)
+        check_prompt(prompt_tokens, self.generator.context_length)
         limit = self.generator.answer_length(sequence.params)
         words = itertools.cycle(SYNTHETIC_TEXT.split())
-        self._rows.append(_SyntheticRow(sequence, self.generator.count_prompt_tokens(sequence.prompt), limit, words))
+        self._rows.append(_SyntheticRow(sequence, prompt_tokens, limit, words))
 
-    def step(self) -> list[tuple[Sequence, GenerationOutcome]]:
+    def step(self) -> list[Finished]:
         # Ticks keep to the rate: a late tick (a busy machine) is caught up on, as a
         # stream of the real model would deliver what it generated meanwhile.
         self._next_tick += self.generator.interval

@@ -23,12 +23,12 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.template.loader import render_to_string
 
 from accounts.models import UsageRecord
-from accounts.services import QuotaExceeded
+from accounts.services import InvalidRequest, QuotaExceeded
 from generation import runtime, services
 from generation.engine import EngineOverloaded
 from generation.forms import PromptForm
 from generation.models import Conversation, Message
-from generation.streams import StreamEvent, StreamNotFound, coalesced, sse_comment, sse_event
+from generation.streams import StreamEvent, StreamNotFound, coalesced, parse_resume_point, sse_comment, sse_event
 
 logger = logging.getLogger(__name__)
 
@@ -59,11 +59,8 @@ def resume_point(scope: dict[str, Any]) -> int:
     """The sequence number to resume after: `?after=` wins over `Last-Event-ID`."""
     query = parse_qs(scope.get("query_string", b"").decode())
     headers = dict(scope.get("headers", []))
-    raw = query.get("after", [None])[-1] or headers.get(b"last-event-id", b"").decode() or "0"
-    after = int(raw)  # ValueError for junk
-    if after < 0:
-        raise ValueError("negative sequence number")
-    return after
+    raw = query.get("after", [None])[-1] or headers.get(b"last-event-id", b"").decode("latin-1") or "0"
+    return parse_resume_point(raw)  # ValueError for junk
 
 
 class ChatStreamConsumer(AsyncHttpConsumer):
@@ -115,7 +112,7 @@ class ChatStreamConsumer(AsyncHttpConsumer):
         try:
             after = resume_point(self.scope)
         except ValueError:
-            await self.send_response(400, b"Last-Event-ID and ?after= must be a non-negative integer.\n")
+            await self.send_response(400, b"Last-Event-ID and ?after= must be an integer from 0 to 2**63-1.\n")
             return
         self.stream_id = stream_id
         await self.send_headers(headers=SSE_HEADERS)
@@ -212,6 +209,9 @@ class ChatSocketConsumer(AsyncJsonWebsocketConsumer):
             return
         except QuotaExceeded as refusal:
             await self.send_error(refusal.message, code=refusal.code)
+            return
+        except InvalidRequest as invalid:
+            await self.send_error(invalid.message, code=invalid.code or "invalid_request")
             return
         self.stream_id = answer.stream_id
         await self.send_json({"type": "started", "message_id": answer.pk, "stream_id": answer.stream_id})

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from generation.batching import Sequence
-from generation.generators import ContextLengthExceeded, GenerationOutcome, GenerationParams, Generator, Prompt
+from generation.generators import GenerationOutcome, GenerationParams, Generator, Prompt, UnfitPrompt
 from generation.streams import StreamStore
 
 logger = logging.getLogger(__name__)
@@ -196,7 +196,7 @@ class _Run:
         return self._result(status="stopped", finish_reason="cancelled")
 
     def failed(self, error: Exception) -> GenerationResult:
-        if isinstance(error, ContextLengthExceeded):
+        if isinstance(error, UnfitPrompt):
             return self._result(status="error", finish_reason="error", error=str(error))
         logger.error("Generation %s failed", self.job.stream_id, exc_info=error)
         return self._result(status="error", finish_reason="error", error=f"Generation failed: {error}")
@@ -452,14 +452,18 @@ class Engine:
             except Exception as error:
                 logger.exception("A batched decoding step failed; ending its %d generations", len(runs))
                 self._send(outbox, by_stream)  # what they generated before it failed
-                for sequence in batch.cancel_all():
-                    run = runs.pop(sequence)
+                batch.cancel_all()
+                for run in runs.values():
                     self._finish(run, run.failed(error))
+                runs.clear()
                 continue
             finals = []
             for sequence, outcome in finished:
                 run = runs.pop(sequence)
-                finals.append((run, run.finished(outcome)))  # may add the text a stop string held back
+                if isinstance(outcome, Exception):  # this row alone failed; the others go on
+                    finals.append((run, run.failed(outcome)))
+                else:
+                    finals.append((run, run.finished(outcome)))  # may add the text a stop string held back
             # Every row's tokens of this step, before any terminal event that follows them.
             self._send(outbox, by_stream)
             for run, final in finals:

@@ -3,6 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from django import forms
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator
 
 from generation import runtime
@@ -12,12 +13,22 @@ MAX_PROMPT_CHARS = 32_000
 MAX_SYSTEM_PROMPT_CHARS = 4_000
 
 
+def validate_unicode(text: str) -> None:
+    """Refuse text that is not Unicode (a lone surrogate, which JSON's \\ud800 can carry):
+    no database, tokenizer or UTF-8 stream can hold it."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        raise ValidationError("The text contains characters that are not valid Unicode.", code="invalid") from None
+
+
 class PromptForm(forms.Form):
     prompt = forms.CharField(
         label="Message",
         max_length=MAX_PROMPT_CHARS,
         widget=forms.Textarea(attrs={"rows": 3, "placeholder": "Ask anything", "autofocus": True}),
         error_messages={"required": "Type a message first."},
+        validators=[validate_unicode],
     )
 
 

@@ -42,8 +42,30 @@ class GenerationOutcome:
     finish_reason: str  # "stop" | "length" | "cancelled"
 
 
-class ContextLengthExceeded(ValueError):
+class UnfitPrompt(ValueError):
+    """A prompt the model cannot run: refused before it joins a batch, never a failed step."""
+
+
+class ContextLengthExceeded(UnfitPrompt):
     pass
+
+
+class EmptyPrompt(UnfitPrompt):
+    pass
+
+
+def check_prompt(prompt_tokens: int, context_length: int) -> int:
+    """How many tokens the context leaves for the answer; UnfitPrompt if the prompt can't run.
+
+    A prompt of no tokens gives the model nothing to attend to (its forward pass fails)."""
+    if prompt_tokens == 0:
+        raise EmptyPrompt("The prompt is empty: it has no tokens for the model to continue from.")
+    room = context_length - prompt_tokens
+    if room <= 0:
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {context_length} tokens; the prompt is {prompt_tokens} tokens."
+        )
+    return room
 
 
 class Generator(Protocol):
@@ -95,13 +117,8 @@ class ChatTokenizer:
         return first[:length]
 
     def check_room(self, prompt_tokens: int) -> int:
-        """How many tokens the context leaves for the answer; ContextLengthExceeded if none."""
-        room = self.context_length - prompt_tokens
-        if room <= 0:
-            raise ContextLengthExceeded(
-                f"The conversation is {prompt_tokens} tokens long; this model's context holds {self.context_length}."
-            )
-        return room
+        """How many tokens the context leaves for the answer; UnfitPrompt if the prompt can't run."""
+        return check_prompt(prompt_tokens, self.context_length)
 
 
 def context_length_of(config: Any) -> int:
@@ -263,6 +280,7 @@ class SyntheticGenerator:
         should_stop: Callable[[], bool],
     ) -> GenerationOutcome:
         prompt_tokens = self.count_prompt_tokens(prompt)
+        check_prompt(prompt_tokens, self.context_length)
         words = itertools.cycle(SYNTHETIC_TEXT.split())
         limit = self.answer_length(params)
         count = 0

@@ -6,8 +6,10 @@ from functools import cache
 from typing import Any
 
 from generation.api_schemas import ChatCompletionRequest, CompletionRequest
+from generation.streams import MAX_SEQUENCE
 
 ERROR = {"$ref": "#/components/schemas/Error"}
+SEQUENCE = {"type": "integer", "minimum": 0, "maximum": MAX_SEQUENCE}
 
 
 def _responses(ok: str, *extra: int) -> dict[str, Any]:
@@ -106,8 +108,8 @@ def openapi_document() -> dict[str, Any]:
                     "summary": "Resume a streamed completion after Last-Event-ID (or ?after=), then follow it live",
                     "parameters": [
                         _STREAM_ID,
-                        {"name": "after", "in": "query", "schema": {"type": "integer", "minimum": 0}},
-                        {"name": "Last-Event-ID", "in": "header", "schema": {"type": "integer", "minimum": 0}},
+                        {"name": "after", "in": "query", "schema": SEQUENCE},
+                        {"name": "Last-Event-ID", "in": "header", "schema": SEQUENCE},
                     ],
                     "responses": _responses("A text/event-stream of the chunks after that event", 404),
                 }

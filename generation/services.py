@@ -15,11 +15,19 @@ from django.db import transaction
 from django.db.models import Q
 
 from accounts.models import ApiKey, UsageRecord
-from accounts.services import STREAMING, Quota, usage_admit, usage_finish
+from accounts.services import (
+    STREAMING,
+    InvalidRequest,
+    Quota,
+    account_for,
+    usage_admit,
+    usage_finish,
+    usage_request_count,
+)
 from generation import runtime
 from generation.dispatch import QUEUE_PRODUCER
 from generation.engine import EngineOverloaded, GenerationResult, Job
-from generation.generators import GenerationParams, Prompt
+from generation.generators import ContextLengthExceeded, GenerationParams, Prompt, UnfitPrompt, check_prompt
 from generation.jobs import GenerationTask, engine_thread_task
 from generation.models import Conversation, Message
 from generation.streams import StreamNotFound, StreamStore
@@ -35,11 +43,94 @@ def conversation_create(*, user: User, model: str | None = None) -> Conversation
     return Conversation.objects.create(user=user, model=model or runtime.model_names()[0])
 
 
+def conversation_new(*, user: User) -> Conversation:
+    """A conversation not saved yet: its first prompt saves it, once its answer is admitted."""
+    return Conversation(user=user, model=runtime.model_names()[0])
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A generation that passed every check, its tokens reserved in the ledger; not queued yet."""
+
+    task: GenerationTask
+    producer: str
+    quota: Quota
+
+    @property
+    def stream_id(self) -> str:
+        return self.task.stream_id
+
+
 @dataclass(frozen=True)
 class Started:
     stream_id: str
     max_tokens: int
     quota: Quota
+
+
+def generation_admit(
+    *,
+    user: User,
+    channel: str,
+    model: str,
+    prompt: Prompt,
+    params: GenerationParams,
+    requested_max_tokens: int | None,
+    api_key: ApiKey | None = None,
+    stream_id: str | None = None,
+) -> Admitted:
+    """Check a generation against the user's limits and the model, cheapest check first,
+    and reserve its tokens in the ledger.
+
+    The one way every channel (ui, ws, api) admits a generation, so that one ledger holds
+    them all. The request is counted against the per-minute limit before its prompt is
+    tokenized (once, with the model's tokenizer); a prompt that cannot run (empty, or
+    beyond the context) is refused before anything is recorded; the prompt and max_tokens
+    (capped by the plan, the context and the day's budget) are reserved together. Raises
+    UnknownModel, QuotaExceeded, InvalidRequest or EngineOverloaded (also while the
+    model loads); after a refusal nothing is recorded.
+    """
+    runner = runtime.engine(model)
+    limits = account_for(user).limits
+    requests = usage_request_count(user=user, limits=limits, requested_max_tokens=requested_max_tokens)
+    tokenizer = runner.generator
+    if tokenizer is None:
+        raise EngineOverloaded(f"the model is not loaded ({runner.load_error or 'loading'})")
+    prompt_tokens = tokenizer.count_prompt_tokens(prompt)
+    try:
+        room = check_prompt(prompt_tokens, tokenizer.context_length)
+    except UnfitPrompt as unfit:
+        code = "context_length_exceeded" if isinstance(unfit, ContextLengthExceeded) else None
+        raise InvalidRequest(str(unfit), param="prompt", code=code) from None
+    stream_id = stream_id or uuid.uuid4().hex
+    _, granted, quota = usage_admit(
+        user=user,
+        limits=limits,
+        requests=requests,
+        channel=channel,
+        model=model,
+        stream_id=stream_id,
+        producer=runner.producer,
+        prompt_tokens=prompt_tokens,
+        max_tokens=min(params.max_tokens, room, limits.max_tokens_per_request),
+        api_key=api_key,
+    )
+    task = GenerationTask(stream_id, model, prompt, replace(params, max_tokens=granted))
+    return Admitted(task=task, producer=runner.producer, quota=quota)
+
+
+def generation_submit(admitted: Admitted, *, message_id: int | None = None) -> Started:
+    """Queue an admitted generation; the answer `message_id`, if given, is saved as it is written.
+
+    Raises EngineOverloaded when the queue is full; its place in the ledger is then given back.
+    """
+    task = replace(admitted.task, message_id=message_id)
+    try:
+        runtime.submit(task)
+    except Exception:
+        UsageRecord.objects.filter(stream_id=task.stream_id).delete()
+        raise
+    return Started(stream_id=task.stream_id, max_tokens=task.params.max_tokens, quota=admitted.quota)
 
 
 def generation_start(
@@ -52,35 +143,19 @@ def generation_start(
     requested_max_tokens: int | None,
     api_key: ApiKey | None = None,
     stream_id: str | None = None,
-    message_id: int | None = None,
 ) -> Started:
-    """Admit a generation against the user's limits, record it, and queue it.
-
-    The one way every channel (ui, ws, api) starts a generation, so that one ledger
-    holds them all. `params.max_tokens` is capped by what was granted; the answer
-    `message_id`, if given, is saved as it is written. Raises UnknownModel,
-    QuotaExceeded, InvalidRequest or EngineOverloaded; after a refusal nothing is
-    queued or counted.
-    """
-    runner = runtime.engine(model)
-    stream_id = stream_id or uuid.uuid4().hex
-    record, granted, quota = usage_admit(
+    """Admit a generation with nothing of its own to save first (an API completion), and queue it."""
+    admitted = generation_admit(
         user=user,
         channel=channel,
         model=model,
-        stream_id=stream_id,
-        producer=runner.producer,
+        prompt=prompt,
+        params=params,
         requested_max_tokens=requested_max_tokens,
         api_key=api_key,
+        stream_id=stream_id,
     )
-    max_tokens = min(params.max_tokens, granted)
-    task = GenerationTask(stream_id, model, prompt, replace(params, max_tokens=max_tokens), message_id=message_id)
-    try:
-        runtime.submit(task)
-    except Exception:
-        record.delete()
-        raise
-    return Started(stream_id=stream_id, max_tokens=max_tokens, quota=quota)
+    return generation_submit(admitted)
 
 
 def generation_claims(*, claims: dict[str, int | None], producer: str) -> set[str]:
@@ -105,19 +180,27 @@ def generation_claims(*, claims: dict[str, int | None], producer: str) -> set[st
 def message_send(*, conversation: Conversation, prompt: str, channel: str = "ui") -> tuple[Message, Message]:
     """Save the prompt and a streaming answer, and start the answer's generation.
 
-    A refusal (QuotaExceeded, EngineOverloaded, ...) removes both again and re-raises:
-    nothing was started.
+    `conversation` may be new (from conversation_new): it is saved with its first prompt.
+    The answer is admitted before anything is saved, so a refusal (QuotaExceeded,
+    InvalidRequest) leaves no trace; a full queue (EngineOverloaded) removes what was saved.
     """
-    history = _chat_history(conversation)
-    prompt_message = conversation.messages.create(role=Message.Role.USER, content=prompt)
+    is_new = conversation._state.adding
+    history = [*_chat_history(conversation), {"role": "user", "content": prompt}]
+    admitted = _answer_admit(conversation, history, channel=channel)
+    with transaction.atomic():
+        if not conversation.title:
+            conversation.title = _first_prompt_title(prompt)
+        conversation.save()
+        prompt_message = conversation.messages.create(role=Message.Role.USER, content=prompt)
+        answer = _answer_create(conversation, admitted)
     try:
-        answer = _answer_start(conversation, [*history, {"role": "user", "content": prompt}], channel=channel)
+        _answer_submit(answer, admitted)
     except Exception:
-        prompt_message.delete()
+        if is_new:
+            conversation.delete()
+        else:
+            prompt_message.delete()
         raise
-    if not conversation.title:
-        conversation.title = _first_prompt_title(prompt)
-        conversation.save(update_fields=["title", "updated_at"])
     return prompt_message, answer
 
 
@@ -138,7 +221,11 @@ def message_regenerate(*, answer: Message, channel: str = "ui") -> Message:
         raise MessageNotLast("Only the last answer can be regenerated.")
     if answer.streaming:
         raise MessageNotLast("This answer is still being written; stop it first.")
-    return _answer_start(conversation, _chat_history(conversation, through=prompt), channel=channel)
+    admitted = _answer_admit(conversation, _chat_history(conversation, through=prompt), channel=channel)
+    with transaction.atomic():
+        new_answer = _answer_create(conversation, admitted)
+    _answer_submit(new_answer, admitted)
+    return new_answer
 
 
 def message_edit(*, prompt: Message, content: str, channel: str = "ui") -> Message:
@@ -155,7 +242,10 @@ def message_edit(*, prompt: Message, content: str, channel: str = "ui") -> Messa
         raise MessageNotLast("The answer to this prompt is still being written; stop it first.")
     history = _chat_history(conversation, through=prompt)
     history[-1] = {"role": "user", "content": content}
-    answer = _answer_start(conversation, history, channel=channel)
+    admitted = _answer_admit(conversation, history, channel=channel)
+    with transaction.atomic():
+        answer = _answer_create(conversation, admitted)
+    _answer_submit(answer, admitted)
     prompt.content = content
     prompt.save(update_fields=["content", "updated_at"])
     return answer
@@ -170,37 +260,37 @@ def _last_exchange(conversation: Conversation) -> tuple[Message | None, Message 
     return prompt, conversation.messages.filter(after, role=Message.Role.ASSISTANT).last()
 
 
-def _answer_start(conversation: Conversation, history: list[dict[str, str]], *, channel: str) -> Message:
-    """Save a streaming answer and start its generation from `history`; on refusal, remove it.
+def _answer_admit(conversation: Conversation, history: list[dict[str, str]], *, channel: str) -> Admitted:
+    return generation_admit(
+        user=conversation.user,
+        channel=channel,
+        model=conversation.model,
+        prompt=history,
+        params=GenerationParams(max_tokens=conversation.max_tokens, temperature=conversation.temperature),
+        requested_max_tokens=None,
+    )
 
-    The answer is committed before the job is queued, so the engine thread always finds
-    the row it saves into.
-    """
-    engine = runtime.engine(conversation.model)
-    stream_id = uuid.uuid4().hex
-    answer = conversation.messages.create(
+
+def _answer_create(conversation: Conversation, admitted: Admitted) -> Message:
+    """The streaming answer of an admitted generation; the conversation moves up the list."""
+    conversation.save(update_fields=["updated_at"])
+    return conversation.messages.create(
         role=Message.Role.ASSISTANT,
         status=Message.Status.STREAMING,
-        stream_id=stream_id,
+        stream_id=admitted.stream_id,
         model=conversation.model,
-        producer=engine.producer,
+        producer=admitted.producer,
     )
+
+
+def _answer_submit(answer: Message, admitted: Admitted) -> None:
+    """Queue the answer's generation, committed first so that the engine finds the row it
+    saves into; if the queue refuses, the answer is removed again."""
     try:
-        generation_start(
-            user=conversation.user,
-            channel=channel,
-            model=conversation.model,
-            prompt=history,
-            params=GenerationParams(max_tokens=conversation.max_tokens, temperature=conversation.temperature),
-            requested_max_tokens=None,
-            stream_id=stream_id,
-            message_id=answer.pk,
-        )
+        generation_submit(admitted, message_id=answer.pk)
     except Exception:
         answer.delete()
         raise
-    conversation.save(update_fields=["updated_at"])
-    return answer
 
 
 def message_stop(*, message: Message) -> bool:
@@ -394,6 +484,8 @@ def _chat_history(conversation: Conversation, *, through: Message | None = None)
     and so is everything after the prompt `through`, when given.
     """
     history = [{"role": "system", "content": conversation.system_prompt}] if conversation.system_prompt else []
+    if conversation._state.adding:
+        return history
     newest_answer: dict[str, str] | None = None
     rows = conversation.messages.values_list("pk", "role", "content", "status")
     for pk, role, content, status in rows:

@@ -16,6 +16,16 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 TERMINAL_EVENTS = frozenset({"done", "error"})
+# Sequence numbers are Redis stream ids' sequence part: at most a signed 64-bit integer here.
+MAX_SEQUENCE = 2**63 - 1
+
+
+def parse_resume_point(raw: str) -> int:
+    """A resume point (`Last-Event-ID`, `?after=`): an integer from 0 to MAX_SEQUENCE, else ValueError."""
+    after = int(raw)
+    if not 0 <= after <= MAX_SEQUENCE:
+        raise ValueError(f"a sequence number is from 0 to {MAX_SEQUENCE}")
+    return after
 
 
 @dataclass(frozen=True)

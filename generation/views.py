@@ -15,7 +15,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.middleware import HtmxDetails
 
-from accounts.services import QuotaExceeded, account_for, quota_for
+from accounts.services import InvalidRequest, QuotaExceeded, account_for, quota_for
 from generation import runtime, services
 from generation.engine import EngineOverloaded
 from generation.forms import ConversationRenameForm, ConversationSettingsForm, PromptForm
@@ -23,6 +23,9 @@ from generation.metrics import render_metrics
 from generation.models import Conversation, Message
 
 RETRY_AFTER_S = 5
+# What can refuse to start an answer, each said in words by _refusal_words.
+Refusal = EngineOverloaded | QuotaExceeded | InvalidRequest
+REFUSALS = (EngineOverloaded, QuotaExceeded, InvalidRequest)
 
 
 class HtmxHttpRequest(HttpRequest):
@@ -119,7 +122,7 @@ def message_regenerate(request: HtmxHttpRequest, message_id: int) -> HttpRespons
         new_answer = services.message_regenerate(answer=answer)
     except services.MessageNotLast as error:
         return _not_last(request, answer, str(error))
-    except (EngineOverloaded, QuotaExceeded) as refusal:
+    except REFUSALS as refusal:
         return _message_refused(request, answer, *_refusal_words(refusal))
     if not request.htmx:
         return redirect(answer.conversation)
@@ -143,7 +146,7 @@ def message_edit(request: HtmxHttpRequest, message_id: int) -> HttpResponse:
         answer = services.message_edit(prompt=prompt, content=text)
     except services.MessageNotLast as error:
         return _not_last(request, prompt, str(error))
-    except (EngineOverloaded, QuotaExceeded) as refusal:
+    except REFUSALS as refusal:
         return _message_refused(request, prompt, *_refusal_words(refusal), edited=text)
     if not request.htmx:
         return redirect(prompt.conversation)
@@ -185,8 +188,10 @@ def _not_last(request: HtmxHttpRequest, message: Message, error: str) -> HttpRes
     return _page(request, message.conversation, PromptForm(), {"page_error": error}, status=400)
 
 
-def _refusal_words(refusal: EngineOverloaded | QuotaExceeded) -> tuple[str, int, int]:
-    """Why an answer could not start, its status code and Retry-After."""
+def _refusal_words(refusal: Refusal) -> tuple[str, int, int | None]:
+    """Why an answer could not start, its status code and Retry-After (None: retrying won't help)."""
+    if isinstance(refusal, InvalidRequest):
+        return refusal.message, 422, None
     if isinstance(refusal, QuotaExceeded):
         return f"{refusal.message} Try again in {_duration(refusal.retry_after)}.", 429, refusal.retry_after
     return "The server is busy right now. Try again in a moment.", 503, RETRY_AFTER_S
@@ -197,15 +202,14 @@ def _send(request: HtmxHttpRequest, conversation: Conversation | None) -> HttpRe
     if not form.is_valid():
         return _refuse(request, conversation, form, status=422)
     is_new = conversation is None
-    if conversation is None:
-        conversation = services.conversation_create(user=request.user)
+    # A new conversation is saved only once its first answer is admitted: a refused send
+    # leaves nothing behind for this user's other requests to trip over.
+    sending = services.conversation_new(user=request.user) if conversation is None else conversation
     try:
-        prompt, answer = services.message_send(conversation=conversation, prompt=form.cleaned_data["prompt"])
-    except (EngineOverloaded, QuotaExceeded) as refusal:
-        if is_new:
-            conversation.delete()
-            conversation = None
+        prompt, answer = services.message_send(conversation=sending, prompt=form.cleaned_data["prompt"])
+    except REFUSALS as refusal:
         return _refuse_generation(request, conversation, form, refusal)
+    conversation = sending
     if not request.htmx:
         return redirect(conversation)
     context = {
@@ -228,13 +232,14 @@ def _refuse_generation(
     request: HtmxHttpRequest,
     conversation: Conversation | None,
     form: PromptForm,
-    refusal: EngineOverloaded | QuotaExceeded,
+    refusal: Refusal,
 ) -> HttpResponse:
     """Say in words why the answer could not start; the prompt stays in the box."""
     words, status, retry_after = _refusal_words(refusal)
     form.add_error(None, words)
     response = _refuse(request, conversation, form, status=status)
-    response["Retry-After"] = str(retry_after)
+    if retry_after is not None:
+        response["Retry-After"] = str(retry_after)
     return response
 
 
@@ -269,7 +274,9 @@ def _page(
 ) -> HttpResponse:
     context: dict[str, Any] = {
         "conversation": conversation,
-        "conversations": request.user.conversations.only("id", "title", "updated_at")[:100],
+        # One query, rows as plain values: a conversation deleted meanwhile (say by a refused
+        # send in another tab) cannot make this page fetch it again.
+        "conversations": list(request.user.conversations.values("id", "title")[:100]),
         "thread": _thread(conversation) if conversation else [],
         "form": form,
         "quota": _quota_meter(request),

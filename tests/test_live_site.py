@@ -59,3 +59,24 @@ def test_bob_cannot_read_alices_stream_over_http(site):
 def test_health_endpoints(site):
     assert httpx.get(f"{site.base_url}/healthz").json() == {"status": "ok"}
     assert httpx.get(f"{site.base_url}/readyz").json()["checks"]["model"] == "ok"
+
+
+def test_sixteen_simultaneous_new_chats_from_one_user_are_answered_or_refused_never_failed(site):
+    """Beyond the plan's streams a send is refused (429) before anything is saved, so the
+    refused requests leave no conversation behind for the others to trip over."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    carol = ChatClient(site.base_url)
+    carol.signup("carol-sixteen")
+
+    with ThreadPoolExecutor(16) as pool:
+        responses = list(pool.map(lambda n: carol.htmx_post("/chat/", {"prompt": f"Say {n}."}), range(16)))
+
+    statuses = sorted(response.status_code for response in responses)
+    sent = [response for response in responses if response.status_code == 200]
+    assert set(statuses) <= {200, 429}, statuses
+    assert 1 <= len(sent) <= 2  # the default plan streams two answers at once
+    sidebar = carol.http.get("/chat/").text
+    assert len(re.findall(r'id="conversation-[0-9a-f-]{36}"', sidebar)) == len(sent)
+    for response in sent:
+        carol.stop(response.text)

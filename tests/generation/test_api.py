@@ -232,7 +232,9 @@ def test_requests_per_minute_limit_is_429_with_retry_after(alice, alice_key, fas
 def test_daily_tokens_cap_max_tokens_then_refuse(alice, alice_key, fast_engine):
     Account.objects.filter(pk=account_for(alice).pk).update(tokens_per_day=6)
     capped = post("/v1/chat/completions", CHAT, alice_key).json()
-    assert capped["usage"]["completion_tokens"] == 6 and capped["choices"][0]["finish_reason"] == "length"
+    # The prompt's token comes out of the day's 6 first; the answer gets the rest.
+    assert capped["usage"] == {"prompt_tokens": 1, "completion_tokens": 5, "total_tokens": 6}
+    assert capped["choices"][0]["finish_reason"] == "length"
     response = post("/v1/chat/completions", CHAT, alice_key)
     assert_error(response, 429, "insufficient_quota")
     assert response.json()["error"]["type"] == "insufficient_quota" and int(response["Retry-After"]) > 0

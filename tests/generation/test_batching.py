@@ -300,3 +300,74 @@ def test_a_row_whose_stream_was_ended_from_outside_stops_and_the_others_go_on():
     store.cancel("kept")
     assert wait_for_terminal(store, "kept")[-1].data["finish_reason"] == "cancelled"
     engine.stop(5)
+
+
+def test_an_empty_prompt_fails_alone_and_never_joins_the_batch(batched_engine, alone):
+    store = batched_engine.store
+    batched_engine.submit(Job("before", chat(PROMPTS[0]), greedy(16)))
+    batched_engine.submit(Job("empty", "", greedy(5)))
+    batched_engine.submit(Job("after", chat(PROMPTS[3]), greedy(16)))
+
+    empty = wait_for_terminal(store, "empty", timeout=120)
+    assert empty[-1].type == "error" and "empty" in empty[-1].data["message"]
+    assert streamed_text(store, "before")[0] == alone(PROMPTS[0], 16)
+    assert streamed_text(store, "after")[0] == alone(PROMPTS[3], 16)
+
+
+def fail_forward_when(smollm, monkeypatch, poisoned) -> None:
+    """A test double of a faulty row: the model's forward pass fails when `poisoned(kwargs)`."""
+    forward = smollm.model.forward
+
+    def failing_forward(*args, **kwargs):
+        if poisoned(kwargs):
+            raise RuntimeError("forward failed for a poisoned row")
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(smollm.model, "forward", failing_forward)
+
+
+def test_a_prompt_whose_prefill_fails_leaves_alone_and_the_prompts_joining_with_it_go_on(smollm, alone, monkeypatch):
+    expected = {prompt: alone(prompt, 12) for prompt in PROMPTS[:2]}
+    poisoned_prompt = chat("Tell me about the zebra.")
+    [poison] = smollm.tokenizer.encode(" zebra")
+    assert poison in smollm.encode(poisoned_prompt)["input_ids"][0].tolist()
+    assert all(poison not in smollm.encode(chat(prompt))["input_ids"][0].tolist() for prompt in expected)
+    fail_forward_when(smollm, monkeypatch, lambda kwargs: bool((kwargs["input_ids"] == poison).any()))
+    batch = smollm.open_batch()
+    texts: dict[str, list[str]] = {"a": [], "poisoned": [], "b": []}
+    sequences = {
+        name: Sequence(prompt, greedy(12), texts[name].append, lambda: False)
+        for name, prompt in (("a", chat(PROMPTS[0])), ("poisoned", poisoned_prompt), ("b", chat(PROMPTS[1])))
+    }
+    for sequence in sequences.values():  # all three join at the same step: one prefill
+        batch.add(sequence)
+
+    outcomes = {}
+    while len(batch):
+        outcomes.update(batch.step())
+
+    assert isinstance(outcomes[sequences["poisoned"]], RuntimeError) and not texts["poisoned"]
+    assert "".join(texts["a"]) == expected[PROMPTS[0]]
+    assert "".join(texts["b"]) == expected[PROMPTS[1]]
+
+
+def test_a_row_whose_decoding_step_fails_fails_alone_and_the_others_go_on(batched_engine, smollm, alone, monkeypatch):
+    short, long = chat("Hi"), chat(PROMPTS[2] + " Answer in detail, with examples from everyday life.")
+    expected = {"long": alone(long[0]["content"], 24), "other": alone(PROMPTS[4], 24)}
+    short_length = smollm.count_prompt_tokens(short)
+    assert min(smollm.count_prompt_tokens(p) for p in (long, chat(PROMPTS[4]))) > short_length + 3
+    # The short row's fourth decoding step fails: no other row is ever at that position.
+    fail_forward_when(
+        smollm,
+        monkeypatch,
+        lambda kwargs: kwargs["input_ids"].shape[1] == 1 and bool((kwargs["position_ids"] == short_length + 3).any()),
+    )
+    store = batched_engine.store
+    for name, prompt in (("long", long), ("short", short), ("other", chat(PROMPTS[4]))):
+        batched_engine.submit(Job(name, prompt, greedy(24)))
+
+    failed = wait_for_terminal(store, "short", timeout=120)
+    assert failed[-1].type == "error" and "poisoned row" in failed[-1].data["message"]
+    assert any(e.type == "token" for e in failed)  # what it made before its step failed was sent
+    assert streamed_text(store, "long")[0] == expected["long"]
+    assert streamed_text(store, "other")[0] == expected["other"]

@@ -503,9 +503,9 @@ def test_the_quota_meter_shows_whats_left_and_the_send_response_refreshes_it(ali
 
     response = alice_client.post(reverse("generation:chat"), {"prompt": "Hello there"}, **HTMX)
 
-    # The streaming answer holds its whole grant (100 tokens) until it finishes.
+    # The streaming answer holds its prompt (2 tokens) and its whole grant (100) until it finishes.
     assert (
-        '<p id="quota" class="quota-meter" hx-swap-oob="true">4 requests left this minute · 900 tokens left today</p>'
+        '<p id="quota" class="quota-meter" hx-swap-oob="true">4 requests left this minute · 898 tokens left today</p>'
         in response.content.decode()
     )
     answer = settle(Message.objects.get(role="assistant", conversation__user=alice))
