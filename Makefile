@@ -35,7 +35,8 @@ test: $(VENV)/.installed-dev
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy accounts chatsite generation
+	$(VENV)/bin/mypy accounts api chatsite generation inference
+	$(VENV)/bin/lint-imports
 
 # Each writes bench/results/NAME.json; docs/benchmarks.md explains them. Needs Redis for
 # redis_latency (REDIS_URL, default 127.0.0.1:6379/0). About 10 minutes in all.

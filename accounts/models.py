@@ -102,6 +102,16 @@ class ApiKey(models.Model):
             self.save(update_fields=["revoked_at"])
 
 
+class GenerationStatus(models.TextChoices):
+    """Where a generation stands: its usage record's status and its chat answer's alike."""
+
+    STREAMING = "streaming"
+    COMPLETE = "complete"
+    STOPPED = "stopped"
+    ERROR = "error"
+    INTERRUPTED = "interrupted"
+
+
 class UsageRecord(models.Model):
     """One generation, whatever the channel: the one ledger quotas are checked against."""
 
@@ -110,6 +120,8 @@ class UsageRecord(models.Model):
         WS = "ws"
         API = "api"
 
+    Status = GenerationStatus
+
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="usage_records")
     api_key = models.ForeignKey(ApiKey, on_delete=models.SET_NULL, null=True, blank=True, related_name="usage")
     channel = models.CharField(max_length=8, choices=Channel.choices)
@@ -117,7 +129,7 @@ class UsageRecord(models.Model):
     stream_id = models.CharField(max_length=64, unique=True)
     # The engine generating it while streaming (see Engine.producer), to settle orphans.
     producer = models.CharField(max_length=200, blank=True)
-    status = models.CharField(max_length=20, default="streaming")
+    status = models.CharField(max_length=20, choices=GenerationStatus.choices, default=GenerationStatus.STREAMING)
     finish_reason = models.CharField(max_length=20, blank=True)
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)

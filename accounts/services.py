@@ -14,8 +14,6 @@ from django.utils import timezone
 
 from accounts.models import DEFAULT_PLAN, Account, ApiKey, Limits, Plan, UsageDay, UsageRecord, hash_key
 
-STREAMING = "streaming"
-
 
 class QuotaExceeded(Exception):
     """A limit refuses the request; `code` is the OpenAI-style error code."""
@@ -131,7 +129,7 @@ def usage_admit(
     with transaction.atomic():
         # Lock the account row so two requests can't both take the last stream or tokens.
         Account.objects.select_for_update().filter(user=user).first()
-        running = UsageRecord.objects.filter(user=user, status=STREAMING).count()
+        running = UsageRecord.objects.filter(user=user, status=UsageRecord.Status.STREAMING).count()
         if running >= limits.max_concurrent_streams:
             raise QuotaExceeded(
                 "too_many_concurrent_streams",
@@ -211,7 +209,7 @@ def usage_rollup(*, days: int = 2, now: dt.datetime | None = None) -> int:
         .annotate(
             request_count=Count("pk"),
             prompt=Sum("prompt_tokens"),
-            completion=Sum("completion_tokens", filter=~Q(status=STREAMING)),
+            completion=Sum("completion_tokens", filter=~Q(status=UsageRecord.Status.STREAMING)),
         )
         .order_by("day", "user", "model", "channel")
     )
@@ -286,7 +284,7 @@ def _tokens_today(user: User, now: dt.datetime) -> int:
     used = UsageRecord.objects.filter(user=user, created_at__gte=midnight).aggregate(
         tokens=Sum(
             Case(
-                When(status=STREAMING, then=F("prompt_tokens") + F("reserved_tokens")),
+                When(status=UsageRecord.Status.STREAMING, then=F("prompt_tokens") + F("reserved_tokens")),
                 default=F("prompt_tokens") + F("completion_tokens"),
             )
         )

@@ -23,8 +23,8 @@ import time
 import uuid
 from pathlib import Path
 
-from bench.livesite import ROOT, ChatClient, LiveSite
 from bench.streaming import MODEL, PROMPT, raw_run
+from tests.livesite import ROOT, ChatClient, LiveSite
 
 RESULTS = Path(__file__).parent / "results" / "api.json"
 
@@ -137,8 +137,8 @@ def main() -> None:
         django.setup()
         from django.conf import settings
 
-        from generation.generators import load_generator
-        from generation.registry import resolve_model
+        from inference.generators import load_generator
+        from inference.registry import resolve_model
 
         checks = time_checks(args.checks)
         database = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]

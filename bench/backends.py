@@ -63,7 +63,7 @@ from bench.concurrency import (
     site_env,
     warm_up,
 )
-from bench.livesite import LiveSite, LiveWorker, keep_logs, log_errors, scratch_database, scratch_redis_prefix
+from tests.livesite import LiveSite, LiveWorker, keep_logs, log_errors, scratch_database, scratch_redis_prefix
 
 RESULTS = RESULTS_DIR / "backends.json"
 THROUGHPUT_TARGET = 0.9  # celery tokens/s ÷ in-process tokens/s, at least

@@ -3,7 +3,7 @@
     python -m bench.batch_step [--sizes 1,2,4,8,16,32] [--steps 20] [--device cpu] [--dtype auto]
 
 For each batch size it prefills that many different chat prompts together, then times
-`--steps` decoding steps of `generation.batching.TransformersBatch` (the code the batched
+`--steps` decoding steps of `inference.batching.TransformersBatch` (the code the batched
 scheduler runs) and reports milliseconds per step, the step's cost relative to one row,
 and tokens/s. Writes bench/results/batch_step-<dtype>.json.
 """
@@ -34,9 +34,9 @@ def main() -> None:
     django.setup()
     from django.conf import settings
 
-    from generation.batching import Sequence
-    from generation.generators import GenerationParams, load_generator
-    from generation.registry import resolve_model
+    from inference.batching import Sequence, open_batch
+    from inference.generators import GenerationParams, load_generator
+    from inference.registry import resolve_model
 
     generator = load_generator(
         resolve_model("smollm2-135m-instruct"),
@@ -48,7 +48,7 @@ def main() -> None:
     params = GenerationParams(max_tokens=args.steps + 2, temperature=0)
     rows = []
     for size in (int(s) for s in args.sizes.split(",")):
-        batch = generator.open_batch()  # type: ignore[attr-defined]
+        batch = open_batch(generator)
         for n in range(size):
             prompt = [{"role": "user", "content": f"Tell me a long story about {TOPICS[n % len(TOPICS)]} ({n})."}]
             batch.add(Sequence(prompt, params, lambda text: None, lambda: False))

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.livesite import ROOT, LiveSite
+from tests.livesite import ROOT, LiveSite
 
 MODEL = "smollm2-135m-instruct"
 RESULTS_DIR = Path(__file__).parent / "results"
@@ -447,7 +447,7 @@ def started_site(args: argparse.Namespace) -> LiveSite:
 
 def resolved_dtype(args: argparse.Namespace) -> str:
     """The weights' dtype the server chose, e.g. `bfloat16` for CHAT_DTYPE=auto on this CPU."""
-    from generation.loading import dtype_for, resolve_device
+    from inference.loading import dtype_for, resolve_device
 
     device = args.device or os.environ.get("CHAT_DEVICE", "auto")
     return str(dtype_for(resolve_device(device), args.dtype or os.environ.get("CHAT_DTYPE", "auto"))).split(".")[-1]

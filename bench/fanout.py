@@ -48,8 +48,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-from bench.livesite import ROOT, ChatClient, LiveSite, free_port, stop_process
-from generation.generators import SYNTHETIC_TEXT
+from inference.generators import SYNTHETIC_TEXT
+from tests.livesite import ROOT, ChatClient, LiveSite, free_port, stop_process
 
 RESULTS = Path(__file__).parent / "results" / "fanout.json"
 HOST = "127.0.0.1"

@@ -34,7 +34,7 @@ from bench.concurrency import (
     process_memory_mb,
     write_results,
 )
-from bench.livesite import ROOT, free_port, stop_process
+from tests.livesite import ROOT, free_port, stop_process
 
 # The same versions as the app's requirements.txt; torch comes from the local CPU wheel.
 PEER_REQUIREMENTS = ("torch==2.13.0", "transformers[serving]==5.24.0")
@@ -44,8 +44,8 @@ PROMPT_ALLOWANCE = 128  # tokens: the chat template's system prompt plus the lon
 
 LOCATE_MODEL = """
 from django.conf import settings
-from generation.loading import assemble_gguf, file_sha256
-from generation.registry import resolve_model
+from inference.loading import assemble_gguf, file_sha256
+from inference.registry import resolve_model
 spec = resolve_model(settings.CHAT_MODEL)
 print(spec.source or settings.MODEL_CACHE_DIR / file_sha256(assemble_gguf(spec, settings.MODEL_CACHE_DIR)))
 """

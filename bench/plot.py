@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.concurrency import RESULTS_DIR
-from bench.livesite import ROOT
+from tests.livesite import ROOT
 
 OUTPUT = ROOT / "docs" / "concurrency.png"
 

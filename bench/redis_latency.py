@@ -27,8 +27,8 @@ from typing import Any
 import redis
 import redis.asyncio as aredis
 
-from generation.redis_streams import RedisStreamStore
-from generation.streams import InMemoryStreamStore, StreamStore
+from inference.redis_streams import RedisStreamStore
+from inference.streams import InMemoryStreamStore, StreamStore
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).parent / "results" / "redis_latency.json"

@@ -60,7 +60,7 @@ from bench.fanout import (
     start_watchdog,
     use_site_settings,
 )
-from bench.livesite import (
+from tests.livesite import (
     ChatClient,
     LiveSite,
     LiveWorker,

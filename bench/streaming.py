@@ -19,11 +19,12 @@ import sys
 import time
 from pathlib import Path
 
-from bench.livesite import ROOT, ChatClient, LiveSite
+from tests.livesite import ROOT, ChatClient, LiveSite
 
 PROMPT = "Write a detailed essay about the history of bicycles."
 MODEL = "smollm2-135m-instruct"
-RESULTS = Path(__file__).parent / "results" / "streaming.json"
+# bench/results/streaming.json, or under $BENCH_RESULTS_DIR when set (bench.revisions sets it).
+RESULTS = Path(os.environ.get("BENCH_RESULTS_DIR") or Path(__file__).parent / "results") / "streaming.json"
 
 
 class TimingStreamer:
@@ -102,8 +103,8 @@ def main() -> None:
         from django.conf import settings
         from django.contrib.auth import get_user_model
 
-        from generation.generators import load_generator
-        from generation.registry import resolve_model
+        from inference.generators import load_generator
+        from inference.registry import resolve_model
 
         generator = load_generator(
             resolve_model(MODEL), cache_dir=settings.MODEL_CACHE_DIR, device="cpu", synthetic_tokens_per_s=50

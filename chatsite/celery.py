@@ -24,6 +24,10 @@ app.autodiscover_tasks()
 GENERATION_QUEUE = "generation"
 
 
+# The handlers below import the generation worker when they run: this module is imported
+# (by chatsite/__init__.py) before Django is set up, when no app module can be imported yet.
+
+
 def _consumes_generation(queues: Any) -> bool:
     names = queues.split(",") if isinstance(queues, str) else list(queues or [])
     return GENERATION_QUEUE in names

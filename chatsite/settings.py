@@ -10,7 +10,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from generation.registry import UnknownModel, resolve_model
+from inference.registry import UnknownModel, resolve_model
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -114,9 +114,9 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "django_htmx",
-    "template_partials",
     "accounts",
     "generation",
+    "api",
 ]
 
 MIDDLEWARE = [

@@ -10,7 +10,7 @@ urlpatterns = [
     path("", RedirectView.as_view(pattern_name="generation:chat"), name="home"),
     path("accounts/", include("accounts.urls")),
     path("chat/", include("generation.urls")),
-    path("v1/", include("generation.api_urls")),
+    path("v1/", include("api.urls")),
     path("healthz", generation_views.healthz, name="healthz"),
     path("readyz", generation_views.readyz, name="readyz"),
     path("metrics", generation_views.metrics, name="metrics"),

@@ -15,8 +15,8 @@ from django.urls import URLPattern, path
 from django.views.decorators.http import require_GET, require_POST
 
 from accounts.models import UsageRecord
-from accounts.services import STREAMING
 from generation import runtime, services
+from generation.backends import backend
 from generation.models import Conversation, Message
 
 
@@ -74,20 +74,13 @@ class MessageAdmin(admin.ModelAdmin):
             raise PermissionDenied
         store = runtime.stream_store()
         records = list(
-            UsageRecord.objects.filter(status=STREAMING).select_related("user", "api_key").order_by("created_at")
+            UsageRecord.objects.filter(status=UsageRecord.Status.STREAMING)
+            .select_related("user", "api_key")
+            .order_by("created_at")
         )
         alive = {producer: store.producer_alive(producer) for producer in {r.producer for r in records if r.producer}}
         rows = [{"record": record, "producer_alive": alive.get(record.producer)} for record in records]
-        engines = [
-            {
-                "model": name,
-                "ready": engine.ready,
-                "active": engine.active,
-                "queued": engine.queued,
-                "max_concurrent": engine.max_concurrent,
-            }
-            for name, engine in sorted(runtime.engines().items())
-        ]
+        engines = backend().loads()
         context: dict[str, Any] = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
@@ -106,7 +99,7 @@ class MessageAdmin(admin.ModelAdmin):
         form = ForceStopForm(request.POST)
         if not form.is_valid():
             self.message_user(request, "No stream to stop was given.", messages.ERROR)
-        elif runtime.stream_store().cancel(stream_id := form.cleaned_data["stream_id"]):
+        elif services.generation_cancel(stream_id=(stream_id := form.cleaned_data["stream_id"])):
             self.message_user(request, f"Asked stream {stream_id} to stop.", messages.SUCCESS)
         else:
             self.message_user(

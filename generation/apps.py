@@ -4,3 +4,10 @@ from django.apps import AppConfig
 class GenerationConfig(AppConfig):
     name = "generation"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # Generations and titles are queued by task name (generation.dispatch, .jobs), which
+        # the tasks module's imports reach: register the tasks with Celery as Django starts,
+        # in web processes as in workers, so that a named task is found (and runs eagerly
+        # with the in-process backend).
+        from generation import tasks  # noqa: F401

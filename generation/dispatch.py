@@ -14,11 +14,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from celery import signature
 from django.db import transaction
 
-from generation.admission import Admission
-from generation.jobs import GenerationTask
-from generation.streams import StreamStore
+from inference.admission import Admission
+from inference.backend import GenerationTask
+from inference.streams import StreamStore
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +27,7 @@ logger = logging.getLogger(__name__)
 # beats under this name too, so a queued generation counts as alive while some worker
 # can still take it, and is settled as interrupted when none is left.
 QUEUE_PRODUCER = "generation-queue"
+GENERATE_TASK = "generation.generate"
 
 
 class CeleryDispatcher:
@@ -102,6 +104,6 @@ class CeleryDispatcher:
             raise
 
     def _enqueue(self, task: GenerationTask) -> None:
-        from generation.tasks import generate
-
-        generate.delay(task.to_json())  # to the `generation` queue (CELERY_TASK_ROUTES)
+        # To the `generation` queue (CELERY_TASK_ROUTES). Named, not imported: the tasks
+        # module reaches this one through the services.
+        signature(GENERATE_TASK, args=(task.to_json(),)).delay()

@@ -6,7 +6,7 @@ from django import forms
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator
 
-from generation import runtime
+from generation.backends import backend
 from generation.models import Conversation
 
 MAX_PROMPT_CHARS = 32_000
@@ -83,7 +83,7 @@ class ConversationSettingsForm(forms.ModelForm):
         super().__init__(*args, **kwargs)
         model_field = self.fields["model"]
         assert isinstance(model_field, forms.ChoiceField)
-        model_field.choices = [(name, name) for name in runtime.model_names()]
+        model_field.choices = [(name, name) for name in backend().models()]
         max_tokens = self.fields["max_tokens"]
         assert isinstance(max_tokens, forms.IntegerField)
         max_tokens.validators.append(

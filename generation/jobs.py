@@ -1,44 +1,26 @@
-"""A generation as data, and the engine job that runs it and saves what it makes.
+"""The engine job of a generation task, whose callbacks save what it makes.
 
-A `GenerationTask` is what web processes hand over: plain JSON, so it can travel to a
-Celery worker. Wherever it runs, `job_for` turns it into the engine's `Job`, whose
-callbacks save the answer's progress, its result and the usage record.
+Wherever a `GenerationTask` runs (this process's engine, a Celery worker's), `job_for`
+turns it into the engine's `Job`, whose callbacks save the answer's progress, its result
+and the usage record: the producer saves, not the reader.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from functools import partial, wraps
 from typing import Any
 
+from celery import signature
 from django.conf import settings
 from django.db import close_old_connections, transaction
 
 from accounts.services import usage_finish
-from generation.engine import GenerationResult, Job
-from generation.generators import GenerationParams, Prompt
 from generation.models import Message
+from inference.backend import GenerationTask
+from inference.engine import GenerationResult, Job
 
-
-@dataclass(frozen=True)
-class GenerationTask:
-    stream_id: str
-    model: str
-    prompt: Prompt
-    params: GenerationParams
-    # The chat answer it writes; None for API completions, which only have a usage record.
-    message_id: int | None = None
-    # Generations ahead of it when it was admitted, as told to its readers (None: none).
-    ahead: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> GenerationTask:
-        params = {**data["params"], "stop": tuple(data["params"]["stop"])}
-        return cls(**{**data, "params": GenerationParams(**params)})
+TITLE_TASK = "generation.title"
 
 
 def job_for(task: GenerationTask, *, on_done: Callable[[GenerationResult], None] | None = None) -> Job:
@@ -75,10 +57,11 @@ def message_finish(message_id: int, result: GenerationResult) -> None:
 
 
 def _title_if_first(answer_id: int) -> None:
-    """After a conversation's first answer, a Celery task asks the model for its title."""
-    from generation.tasks import title
+    """After a conversation's first answer, a Celery task asks the model for its title.
 
-    transaction.on_commit(lambda: title.delay(answer_id))
+    Named, not imported: the tasks module calls the services that start generations, so
+    importing it here would close a circle."""
+    transaction.on_commit(lambda: signature(TITLE_TASK, args=(answer_id,)).delay())
 
 
 def engine_thread_task(function: Callable[..., None]) -> Callable[..., None]:

@@ -2,27 +2,27 @@
 
 from __future__ import annotations
 
-from generation import runtime
+from generation.backends import backend
 
 METRICS = (
-    ("chatsite_active_generations", "gauge", "Generations running now.", lambda e: e.active),
-    ("chatsite_queued_generations", "gauge", "Generations waiting for a worker.", lambda e: e.queued),
+    ("chatsite_active_generations", "gauge", "Generations running now.", lambda load: load.active),
+    ("chatsite_queued_generations", "gauge", "Generations waiting for a worker.", lambda load: load.queued),
     (
         "chatsite_generated_tokens_total",
         "counter",
         "Tokens generated since the process started.",
-        lambda e: e.generated_tokens,
+        lambda load: load.generated_tokens,
     ),
 )
 
 
 def render_metrics() -> str:
-    engines = runtime.engines()
+    loads = backend().loads()
     lines: list[str] = []
     for name, kind, help_text, read in METRICS:
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
-        if not engines:
+        if not loads:
             lines.append(f"{name} 0")
-        for model, engine in engines.items():
-            lines.append(f'{name}{{model="{model}"}} {read(engine)}')
+        for load in loads:
+            lines.append(f'{name}{{model="{load.model}"}} {read(load)}')
     return "\n".join(lines) + "\n"

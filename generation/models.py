@@ -6,6 +6,8 @@ from django.conf import settings
 from django.db import models
 from django.urls import reverse
 
+from accounts.models import GenerationStatus
+
 
 class Conversation(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -34,12 +36,7 @@ class Message(models.Model):
         USER = "user"
         ASSISTANT = "assistant"
 
-    class Status(models.TextChoices):
-        STREAMING = "streaming"
-        COMPLETE = "complete"
-        STOPPED = "stopped"
-        ERROR = "error"
-        INTERRUPTED = "interrupted"
+    Status = GenerationStatus
 
     conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="messages")
     role = models.CharField(max_length=20, choices=Role.choices)
@@ -76,7 +73,4 @@ class Message(models.Model):
         return round((self.completion_tokens - 1) * 1000 / decode_ms, 1) if decode_ms > 0 else None
 
     def get_stream_url(self) -> str:
-        # The SSE endpoint is a Channels consumer, outside Django's URLconf.
-        from generation.routing import chat_stream_path
-
-        return chat_stream_path(self.stream_id or "")
+        return reverse("generation:answer_stream", args=[self.stream_id])

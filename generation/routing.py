@@ -1,4 +1,4 @@
-"""ASGI routes of the generation app: streams served by Channels consumers."""
+"""ASGI routes of the chat app that Django's URLconf can't serve: its WebSocket."""
 
 from __future__ import annotations
 
@@ -7,18 +7,7 @@ from channels.routing import URLRouter
 from channels.security.websocket import AllowedHostsOriginValidator
 from django.urls import path
 
-from generation.consumers import ChatSocketConsumer, ChatStreamConsumer
-
-CHAT_STREAM_PREFIX = "chat/streams/"
-
-
-def chat_stream_path(stream_id: str) -> str:
-    return f"/{CHAT_STREAM_PREFIX}{stream_id}/"
-
-
-http_urlpatterns = [
-    path(f"{CHAT_STREAM_PREFIX}<str:stream_id>/", AuthMiddlewareStack(ChatStreamConsumer.as_asgi())),
-]
+from generation.consumers import ChatSocketConsumer
 
 websocket_urlpatterns = [
     path("ws/chat/<uuid:conversation_id>/", ChatSocketConsumer.as_asgi()),

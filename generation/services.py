@@ -2,50 +2,40 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import re
 import uuid
 from dataclasses import dataclass, replace
 from functools import partial
 
-from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
-from django.db.models import Q
 
 from accounts.models import ApiKey, UsageRecord
-from accounts.services import (
-    STREAMING,
-    InvalidRequest,
-    Quota,
-    account_for,
-    usage_admit,
-    usage_finish,
-    usage_request_count,
-)
+from accounts.services import InvalidRequest, Quota, account_for, usage_admit, usage_request_count
 from generation import runtime
+from generation.backends import backend
 from generation.dispatch import QUEUE_PRODUCER
-from generation.engine import EngineOverloaded, GenerationResult, Job
-from generation.generators import ContextLengthExceeded, GenerationParams, Prompt, UnfitPrompt, check_prompt
-from generation.jobs import GenerationTask, engine_thread_task
+from generation.jobs import engine_thread_task
 from generation.models import Conversation, Message
-from generation.streams import StreamNotFound, StreamStore
+from generation.selectors import chat_history, last_exchange
+from inference.backend import GenerationTask
+from inference.engine import EngineOverloaded, GenerationResult, Job
+from inference.generators import ContextLengthExceeded, GenerationParams, Prompt, UnfitPrompt, check_prompt
+from inference.registry import UnknownModel
 
 logger = logging.getLogger(__name__)
 
 TITLE_LENGTH = 60
-# An answer is included in the model's context only if it has text worth continuing from.
-_CONTEXT_STATUSES = (Message.Status.COMPLETE, Message.Status.STOPPED, Message.Status.INTERRUPTED)
 
 
 def conversation_create(*, user: User, model: str | None = None) -> Conversation:
-    return Conversation.objects.create(user=user, model=model or runtime.model_names()[0])
+    return Conversation.objects.create(user=user, model=model or backend().models()[0])
 
 
 def conversation_new(*, user: User) -> Conversation:
     """A conversation not saved yet: its first prompt saves it, once its answer is admitted."""
-    return Conversation(user=user, model=runtime.model_names()[0])
+    return Conversation(user=user, model=backend().models()[0])
 
 
 @dataclass(frozen=True)
@@ -90,15 +80,14 @@ def generation_admit(
     UnknownModel, QuotaExceeded, InvalidRequest or EngineOverloaded (also while the
     model loads); after a refusal nothing is recorded.
     """
-    runner = runtime.engine(model)
+    runner = backend()
+    if model not in runner.models():
+        raise UnknownModel(f"The model {model!r} does not exist.")
     limits = account_for(user).limits
     requests = usage_request_count(user=user, limits=limits, requested_max_tokens=requested_max_tokens)
-    tokenizer = runner.generator
-    if tokenizer is None:
-        raise EngineOverloaded(f"the model is not loaded ({runner.load_error or 'loading'})")
-    prompt_tokens = tokenizer.count_prompt_tokens(prompt)
+    prompt_tokens = runner.count_prompt_tokens(model, prompt)
     try:
-        room = check_prompt(prompt_tokens, tokenizer.context_length)
+        room = check_prompt(prompt_tokens, runner.context_length(model))
     except UnfitPrompt as unfit:
         code = "context_length_exceeded" if isinstance(unfit, ContextLengthExceeded) else None
         raise InvalidRequest(str(unfit), param="prompt", code=code) from None
@@ -110,13 +99,13 @@ def generation_admit(
         channel=channel,
         model=model,
         stream_id=stream_id,
-        producer=runner.producer,
+        producer=runner.producer(model),
         prompt_tokens=prompt_tokens,
         max_tokens=min(params.max_tokens, room, limits.max_tokens_per_request),
         api_key=api_key,
     )
     task = GenerationTask(stream_id, model, prompt, replace(params, max_tokens=granted))
-    return Admitted(task=task, producer=runner.producer, quota=quota)
+    return Admitted(task=task, producer=runner.producer(model), quota=quota)
 
 
 def generation_submit(admitted: Admitted, *, message_id: int | None = None) -> Started:
@@ -126,7 +115,7 @@ def generation_submit(admitted: Admitted, *, message_id: int | None = None) -> S
     """
     task = replace(admitted.task, message_id=message_id)
     try:
-        runtime.submit(task)
+        backend().submit(task)
     except Exception:
         UsageRecord.objects.filter(stream_id=task.stream_id).delete()
         raise
@@ -174,7 +163,7 @@ def generation_claims(*, claims: dict[str, int | None], producer: str) -> set[st
         UsageRecord.objects.filter(stream_id__in=statuses).update(producer=producer)
         answers = [claims[stream_id] for stream_id in statuses if claims[stream_id] is not None]
         Message.objects.filter(pk__in=answers, producer=QUEUE_PRODUCER).update(producer=producer)
-    return {stream_id for stream_id, status in statuses.items() if status == STREAMING}
+    return {stream_id for stream_id, status in statuses.items() if status == UsageRecord.Status.STREAMING}
 
 
 def message_send(*, conversation: Conversation, prompt: str, channel: str = "ui") -> tuple[Message, Message]:
@@ -185,12 +174,15 @@ def message_send(*, conversation: Conversation, prompt: str, channel: str = "ui"
     InvalidRequest) leaves no trace; a full queue (EngineOverloaded) removes what was saved.
     """
     is_new = conversation._state.adding
-    history = [*_chat_history(conversation), {"role": "user", "content": prompt}]
+    history = [*chat_history(conversation), {"role": "user", "content": prompt}]
     admitted = _answer_admit(conversation, history, channel=channel)
     with transaction.atomic():
         if not conversation.title:
             conversation.title = _first_prompt_title(prompt)
-        conversation.save()
+            if not is_new:
+                conversation.save(update_fields=["title", "updated_at"])
+        if is_new:
+            conversation.save()
         prompt_message = conversation.messages.create(role=Message.Role.USER, content=prompt)
         answer = _answer_create(conversation, admitted)
     try:
@@ -216,12 +208,12 @@ def message_regenerate(*, answer: Message, channel: str = "ui") -> Message:
     and then nothing was saved.
     """
     conversation = answer.conversation
-    prompt, newest = _last_exchange(conversation)
+    prompt, newest = last_exchange(conversation)
     if answer.role != Message.Role.ASSISTANT or prompt is None or newest is None or newest.pk != answer.pk:
         raise MessageNotLast("Only the last answer can be regenerated.")
     if answer.streaming:
         raise MessageNotLast("This answer is still being written; stop it first.")
-    admitted = _answer_admit(conversation, _chat_history(conversation, through=prompt), channel=channel)
+    admitted = _answer_admit(conversation, chat_history(conversation, through=prompt), channel=channel)
     with transaction.atomic():
         new_answer = _answer_create(conversation, admitted)
     _answer_submit(new_answer, admitted)
@@ -235,12 +227,12 @@ def message_edit(*, prompt: Message, content: str, channel: str = "ui") -> Messa
     MessageNotLast for any other message; after a refusal the prompt keeps its text.
     """
     conversation = prompt.conversation
-    last_prompt, newest = _last_exchange(conversation)
+    last_prompt, newest = last_exchange(conversation)
     if prompt.role != Message.Role.USER or last_prompt is None or last_prompt.pk != prompt.pk:
         raise MessageNotLast("Only your last prompt can be edited.")
     if newest is not None and newest.streaming:
         raise MessageNotLast("The answer to this prompt is still being written; stop it first.")
-    history = _chat_history(conversation, through=prompt)
+    history = chat_history(conversation, through=prompt)
     history[-1] = {"role": "user", "content": content}
     admitted = _answer_admit(conversation, history, channel=channel)
     with transaction.atomic():
@@ -249,15 +241,6 @@ def message_edit(*, prompt: Message, content: str, channel: str = "ui") -> Messa
     prompt.content = content
     prompt.save(update_fields=["content", "updated_at"])
     return answer
-
-
-def _last_exchange(conversation: Conversation) -> tuple[Message | None, Message | None]:
-    """The conversation's last prompt and its newest answer (None where there is none)."""
-    prompt = conversation.messages.filter(role=Message.Role.USER).last()
-    if prompt is None:
-        return None, None
-    after = Q(created_at__gt=prompt.created_at) | Q(created_at=prompt.created_at, pk__gt=prompt.pk)
-    return prompt, conversation.messages.filter(after, role=Message.Role.ASSISTANT).last()
 
 
 def _answer_admit(conversation: Conversation, history: list[dict[str, str]], *, channel: str) -> Admitted:
@@ -293,127 +276,17 @@ def _answer_submit(answer: Message, admitted: Admitted) -> None:
         raise
 
 
+def generation_cancel(*, stream_id: str) -> bool:
+    """Stop a generation within one decoding step, wherever it runs; its producer saves
+    what it generated. Every Stop, disconnect and force-stop comes through here."""
+    return backend().cancel(stream_id)
+
+
 def message_stop(*, message: Message) -> bool:
-    """Ask the producer of a streaming answer to stop; it saves what it generated."""
+    """Stop a streaming answer; it is saved with the text generated so far, marked stopped."""
     if not message.streaming or not message.stream_id:
         return False
-    return runtime.stream_store().cancel(message.stream_id)
-
-
-def message_mark_interrupted(message: Message) -> Message:
-    """Settle an answer whose producer is gone: keep its text, mark it interrupted.
-
-    Its stream, if still there, ends with an error event so that readers stop waiting.
-    """
-    settled = Message.objects.filter(pk=message.pk, status=Message.Status.STREAMING).update(
-        status=Message.Status.INTERRUPTED, error="The server stopped while this answer was being written."
-    )
-    if settled and message.stream_id:
-        with contextlib.suppress(StreamNotFound, ValueError):  # gone, or ended meanwhile
-            runtime.stream_store().append(
-                message.stream_id, "error", {"message": "interrupted", "status": Message.Status.INTERRUPTED}
-            )
-    message.refresh_from_db()
-    return message
-
-
-def generation_abandon(*, stream_id: str, message_id: int | None) -> bool:
-    """Settle as interrupted a queued generation whose stream is gone before a worker took it.
-
-    Its stream expired while it waited, or Redis lost it: nobody reads it any more. Only a
-    generation the ledger still has under the queue's name is settled; returns whether it was.
-    """
-    with transaction.atomic():
-        record = (
-            UsageRecord.objects.select_for_update()
-            .filter(stream_id=stream_id, status=STREAMING, producer=QUEUE_PRODUCER)
-            .first()
-        )
-        if record is None:
-            return False
-        _usage_interrupted(record)
-        if message_id is not None:
-            Message.objects.filter(pk=message_id, status=Message.Status.STREAMING).update(
-                status=Message.Status.INTERRUPTED, error="The answer waited too long to be written."
-            )
-    return True
-
-
-def messages_settle_orphans() -> int:
-    """Mark interrupted the generations of producers that no longer beat.
-
-    Their answers keep their saved text; their usage records stop counting as running
-    streams (they would otherwise hold the user's concurrent-stream limit forever).
-    """
-    store = runtime.stream_store()
-    messages = list(Message.objects.filter(status=Message.Status.STREAMING).exclude(producer=runtime.PRODUCER))
-    settled = 0
-    for message, dead in zip(messages, _producers_dead(store, messages), strict=True):
-        if dead:
-            message_mark_interrupted(message)
-            settled += 1
-    records = list(UsageRecord.objects.filter(status=Message.Status.STREAMING).exclude(producer=runtime.PRODUCER))
-    for record, dead in zip(records, _producers_dead(store, records), strict=True):
-        if not dead:
-            continue
-        _usage_interrupted(record)
-        with contextlib.suppress(StreamNotFound, ValueError):
-            store.append(record.stream_id, "error", {"message": "interrupted", "status": Message.Status.INTERRUPTED})
-    return settled
-
-
-def _usage_interrupted(record: UsageRecord) -> None:
-    """Settle a usage record whose generation will never finish; it no longer holds a stream."""
-    usage_finish(
-        stream_id=record.stream_id,
-        status=Message.Status.INTERRUPTED,
-        finish_reason="error",
-        prompt_tokens=record.prompt_tokens,
-        completion_tokens=0,  # unknown; the user is not charged for a crash
-        ttft_ms=None,
-        duration_ms=0,
-    )
-
-
-def _producers_dead(store: StreamStore, runs: list[Message] | list[UsageRecord]) -> list[bool]:
-    """For each run (with its `producer` and `stream_id`), whether its producer stopped beating.
-
-    A generation the ledger still has under the queue's name may already run on a worker,
-    which claimed its stream before recording it in the ledger (worker.generate): that
-    worker is the one to ask about, so a worker that dies in between is noticed too.
-    """
-    queued = [run.stream_id for run in runs if run.producer == QUEUE_PRODUCER and run.stream_id]
-    claimed = store.claimants(queued) if queued else {}
-    alive: dict[str, bool] = {}
-    dead = []
-    for run in runs:
-        producer = claimed.get(run.stream_id or "", run.producer)
-        if producer not in alive:
-            alive[producer] = store.producer_alive(producer)
-        dead.append(not alive[producer])
-    return dead
-
-
-def runs_reap() -> int:
-    """Housekeeping: settle the runs of dead producers, and free their admission places.
-
-    Returns how many answers were settled. An admission place whose generation is no
-    longer streaming (its worker died, or queueing it failed) is given back once it is a
-    minute old, past any transaction that may still be committing its usage record.
-    """
-    settled = messages_settle_orphans()
-    if settled:
-        logger.info("Marked %d answers of stopped processes as interrupted", settled)
-    if settings.GENERATION_BACKEND == "celery":
-        admission = runtime.admission()
-        for model in admission.models():
-            admitted = admission.admitted(model, older_than_s=60)
-            streaming = set(
-                UsageRecord.objects.filter(stream_id__in=admitted, status=STREAMING).values_list("stream_id", flat=True)
-            )
-            for stream_id in set(admitted) - streaming:
-                admission.release(model, stream_id)
-    return settled
+    return generation_cancel(stream_id=message.stream_id)
 
 
 def _first_prompt_title(prompt: str) -> str:
@@ -475,29 +348,3 @@ def clean_title(text: str) -> str:
     line = re.sub(r"^\W*title\s*:\s*", "", line.strip(), flags=re.IGNORECASE)
     line = line.strip().strip("\"'*#` \u2018\u2019\u201c\u201d").rstrip(".")
     return line[:TITLE_LENGTH].strip()
-
-
-def _chat_history(conversation: Conversation, *, through: Message | None = None) -> list[dict[str, str]]:
-    """The conversation as the model sees it: each prompt with only its newest answer.
-
-    Earlier answers to a prompt (kept when it is regenerated or edited) are left out,
-    and so is everything after the prompt `through`, when given.
-    """
-    history = [{"role": "system", "content": conversation.system_prompt}] if conversation.system_prompt else []
-    if conversation._state.adding:
-        return history
-    newest_answer: dict[str, str] | None = None
-    rows = conversation.messages.values_list("pk", "role", "content", "status")
-    for pk, role, content, status in rows:
-        if role == Message.Role.USER:
-            if newest_answer:
-                history.append(newest_answer)
-            newest_answer = None
-            history.append({"role": role, "content": content})
-            if through is not None and pk == through.pk:
-                return history
-        else:
-            newest_answer = {"role": role, "content": content} if status in _CONTEXT_STATUSES and content else None
-    if newest_answer:
-        history.append(newest_answer)
-    return history

@@ -6,19 +6,19 @@ from typing import Any
 
 from celery import shared_task
 
-from generation import runtime, services
-from generation.jobs import GenerationTask
+from generation import reaping, runtime, services, worker
+from generation.dispatch import GENERATE_TASK
+from generation.jobs import TITLE_TASK
+from inference.backend import GenerationTask
 
 
-@shared_task(name="generation.generate")
+@shared_task(name=GENERATE_TASK)
 def generate(task: dict[str, Any]) -> str:
     """Run one generation on this worker's engine (generation/worker.py)."""
-    from generation import worker
-
     return worker.generate(GenerationTask.from_json(task))
 
 
-@shared_task(name="generation.title")
+@shared_task(name=TITLE_TASK)
 def title(answer_id: int) -> bool:
     """Give a conversation a title after its first exchange."""
     return services.conversation_title_start(answer_id=answer_id)
@@ -27,7 +27,7 @@ def title(answer_id: int) -> bool:
 @shared_task(name="generation.reap_dead_runs")
 def reap_dead_runs() -> int:
     """Settle as interrupted the runs of workers (or processes) that stopped beating."""
-    return services.runs_reap()
+    return reaping.runs_reap()
 
 
 @shared_task(name="generation.expire_streams")

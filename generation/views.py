@@ -1,31 +1,40 @@
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
+import redis
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
 from django.db import connection
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.template.loader import render_to_string
 from django.urls import reverse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django_htmx.http import HttpResponseClientRedirect, push_url, reswap, retarget
 from django_htmx.middleware import HtmxDetails
 
-from accounts.services import InvalidRequest, QuotaExceeded, account_for, quota_for
-from generation import runtime, services
-from generation.engine import EngineOverloaded
+from accounts.services import account_for, quota_for
+from generation import runtime, services, sse
+from generation.backends import backend
 from generation.forms import ConversationRenameForm, ConversationSettingsForm, PromptForm
 from generation.metrics import render_metrics
 from generation.models import Conversation, Message
+from generation.reaping import message_mark_interrupted
+from generation.refusals import REFUSALS, Refusal, refusal_of
+from generation.selectors import thread
+from inference.streams import StreamEvent, StreamNotFound, coalesced
 
-RETRY_AFTER_S = 5
-# What can refuse to start an answer, each said in words by _refusal_words.
-Refusal = EngineOverloaded | QuotaExceeded | InvalidRequest
-REFUSALS = (EngineOverloaded, QuotaExceeded, InvalidRequest)
+# Ask EventSource to reconnect after 1 s (instead of its default 3 s) when a connection drops.
+RECONNECT_PREAMBLE = b"retry: 1000\n\n"
+# The answer events the page handles itself; the terminal one is rendered here.
+BROWSER_EVENTS = frozenset({"status", "token"})
 
 
 class HtmxHttpRequest(HttpRequest):
@@ -51,6 +60,63 @@ def conversation(request: HtmxHttpRequest, conversation_id: UUID) -> HttpRespons
     if request.method == "POST":
         return _send(request, found)
     return _page(request, found, PromptForm())
+
+
+@require_GET
+async def answer_stream(request: HttpRequest, stream_id: str) -> HttpResponseBase:
+    """One answer's SSE stream, for its owner: `status` and `token` events, each with `id:`
+    its sequence number (consecutive tokens coalesced: the last one's), then one `done`
+    carrying the saved answer's HTML, which the page swaps in.
+
+    `Last-Event-ID` or `?after=` resumes after that event. The generation runs on when the
+    reader goes away (a reload resumes it).
+    """
+    user = await request.auser()
+    if not user.is_authenticated:
+        return HttpResponse("Log in to read this stream.\n", status=403, content_type="text/plain; charset=utf-8")
+    message = await Message.objects.filter(stream_id=stream_id, conversation__user=user).afirst()
+    if message is None:
+        return HttpResponse("No such stream.\n", status=404, content_type="text/plain; charset=utf-8")
+    try:
+        after = sse.resume_point(request)
+    except ValueError:
+        return HttpResponse(sse.RESUME_POINT_ERROR + "\n", status=400, content_type="text/plain; charset=utf-8")
+    return sse.response(_answer_chunks(message, after))
+
+
+async def _answer_chunks(message: Message, after: int) -> AsyncIterator[bytes]:
+    yield RECONNECT_PREAMBLE
+    store = runtime.stream_store()
+    try:
+        async for batch in sse.read(store, message.stream_id or "", after):
+            if not batch:
+                if not await sync_to_async(store.producer_alive)(message.producer):
+                    raise StreamNotFound(message.stream_id)  # its producer died: nothing more will come
+                yield sse.PING
+                continue
+            body = answer_events(batch)
+            if batch[-1].terminal:
+                body += await _final_event(message.pk, batch[-1].seq)
+            yield body
+    except StreamNotFound:
+        # The producer is gone (e.g. a restart): settle the answer as it was saved.
+        settled = await sync_to_async(message_mark_interrupted)(message)
+        yield await _final_event(settled.pk, None)
+
+
+def answer_events(events: list[StreamEvent]) -> bytes:
+    """The status and token events as SSE, in order, one event per run of consecutive tokens."""
+    return b"".join(
+        sse.event(event.data, name=event.type, id=event.seq)
+        for event in coalesced(events)
+        if event.type in BROWSER_EVENTS
+    )
+
+
+async def _final_event(message_pk: int, seq: int | None) -> bytes:
+    message = await Message.objects.aget(pk=message_pk)
+    html = await sync_to_async(render_to_string)("generation/_message.html", {"message": message})
+    return sse.event(html, name="done", id=seq)
 
 
 @login_required
@@ -89,9 +155,7 @@ def conversation_delete(request: HtmxHttpRequest, conversation_id: UUID) -> Http
         services.message_stop(message=answer)
     found.delete()
     if request.htmx:
-        response = HttpResponse(status=204)
-        response["HX-Redirect"] = reverse("generation:chat")
-        return response
+        return HttpResponseClientRedirect(reverse("generation:chat"))
     return redirect("generation:chat")
 
 
@@ -122,8 +186,8 @@ def message_regenerate(request: HtmxHttpRequest, message_id: int) -> HttpRespons
         new_answer = services.message_regenerate(answer=answer)
     except services.MessageNotLast as error:
         return _not_last(request, answer, str(error))
-    except REFUSALS as refusal:
-        return _message_refused(request, answer, *_refusal_words(refusal))
+    except REFUSALS as error:
+        return _message_refused(request, answer, refusal_of(error))
     if not request.htmx:
         return redirect(answer.conversation)
     context = {"messages": [new_answer], "quota": _quota_meter(request)}
@@ -138,16 +202,15 @@ def message_edit(request: HtmxHttpRequest, message_id: int) -> HttpResponse:
     form = PromptForm(request.POST)
     if not form.is_valid():
         error = " ".join(str(text) for text in form.errors.get("prompt", []))
-        return _message_refused(
-            request, prompt, error, status=422 if request.htmx else 400, edited=form.data.get("prompt", "")
-        )
+        invalid = Refusal(400, None, error, "prompt")
+        return _message_refused(request, prompt, invalid, edited=form.data.get("prompt", ""))
     text = form.cleaned_data["prompt"]
     try:
         answer = services.message_edit(prompt=prompt, content=text)
     except services.MessageNotLast as error:
         return _not_last(request, prompt, str(error))
-    except REFUSALS as refusal:
-        return _message_refused(request, prompt, *_refusal_words(refusal), edited=text)
+    except REFUSALS as error:
+        return _message_refused(request, prompt, refusal_of(error), edited=text)
     if not request.htmx:
         return redirect(prompt.conversation)
     earlier = prompt.conversation.messages.filter(role=Message.Role.ASSISTANT, created_at__gte=prompt.created_at)
@@ -160,25 +223,25 @@ def message_edit(request: HtmxHttpRequest, message_id: int) -> HttpResponse:
 
 
 def _message_refused(
-    request: HtmxHttpRequest,
-    message: Message,
-    error: str,
-    status: int,
-    retry_after: int | None = None,
-    *,
-    edited: str | None = None,
+    request: HtmxHttpRequest, message: Message, refusal: Refusal, *, edited: str | None = None
 ) -> HttpResponse:
     """Show why a Regenerate or Edit did nothing, next to that message's controls."""
-    context: dict[str, Any] = {"action_for": message.pk, "action_error": error}
+    context: dict[str, Any] = {"action_for": message.pk, "action_error": refusal.words}
     if edited is not None:
         context["edited"] = edited
+    status = _page_status(request, refusal)
     if request.htmx:
         response = render(request, "generation/_message.html", {"message": message, **context}, status=status)
     else:
         response = _page(request, message.conversation, PromptForm(), context, status=status)
-    if retry_after is not None:
-        response["Retry-After"] = str(retry_after)
+    if refusal.retry_after is not None:
+        response["Retry-After"] = str(refusal.retry_after)
     return response
+
+
+def _page_status(request: HtmxHttpRequest, refusal: Refusal) -> int:
+    """A refusal's status on a page: input it cannot take is 422 for HTMX, which swaps that in."""
+    return 422 if refusal.status == 400 and request.htmx else refusal.status
 
 
 def _not_last(request: HtmxHttpRequest, message: Message, error: str) -> HttpResponse:
@@ -186,15 +249,6 @@ def _not_last(request: HtmxHttpRequest, message: Message, error: str) -> HttpRes
     if request.htmx:
         return HttpResponse(error, status=400, content_type="text/plain; charset=utf-8")
     return _page(request, message.conversation, PromptForm(), {"page_error": error}, status=400)
-
-
-def _refusal_words(refusal: Refusal) -> tuple[str, int, int | None]:
-    """Why an answer could not start, its status code and Retry-After (None: retrying won't help)."""
-    if isinstance(refusal, InvalidRequest):
-        return refusal.message, 422, None
-    if isinstance(refusal, QuotaExceeded):
-        return f"{refusal.message} Try again in {_duration(refusal.retry_after)}.", 429, refusal.retry_after
-    return "The server is busy right now. Try again in a moment.", 503, RETRY_AFTER_S
 
 
 def _send(request: HtmxHttpRequest, conversation: Conversation | None) -> HttpResponse:
@@ -207,8 +261,8 @@ def _send(request: HtmxHttpRequest, conversation: Conversation | None) -> HttpRe
     sending = services.conversation_new(user=request.user) if conversation is None else conversation
     try:
         prompt, answer = services.message_send(conversation=sending, prompt=form.cleaned_data["prompt"])
-    except REFUSALS as refusal:
-        return _refuse_generation(request, conversation, form, refusal)
+    except REFUSALS as error:
+        return _refuse_generation(request, conversation, form, refusal_of(error))
     conversation = sending
     if not request.htmx:
         return redirect(conversation)
@@ -223,9 +277,7 @@ def _send(request: HtmxHttpRequest, conversation: Conversation | None) -> HttpRe
         context |= _header_context(conversation)
         context["settings_form"] = _settings_form(request, conversation)
     response = render(request, "generation/_sent.html", context)
-    if is_new:
-        response["HX-Push-Url"] = conversation.get_absolute_url()
-    return response
+    return push_url(response, conversation.get_absolute_url()) if is_new else response
 
 
 def _refuse_generation(
@@ -235,20 +287,11 @@ def _refuse_generation(
     refusal: Refusal,
 ) -> HttpResponse:
     """Say in words why the answer could not start; the prompt stays in the box."""
-    words, status, retry_after = _refusal_words(refusal)
-    form.add_error(None, words)
-    response = _refuse(request, conversation, form, status=status)
-    if retry_after is not None:
-        response["Retry-After"] = str(retry_after)
+    form.add_error(None, refusal.words)
+    response = _refuse(request, conversation, form, status=_page_status(request, refusal))
+    if refusal.retry_after is not None:
+        response["Retry-After"] = str(refusal.retry_after)
     return response
-
-
-def _duration(seconds: int) -> str:
-    if seconds < 90:
-        return f"{seconds} s"
-    if seconds < 5400:
-        return f"{round(seconds / 60)} min"
-    return f"{round(seconds / 3600)} h"
 
 
 def _refuse(
@@ -256,11 +299,8 @@ def _refuse(
 ) -> HttpResponse:
     if request.htmx:
         context = {"conversation": conversation, "form": form, "quota": _quota_meter(request)}
-        response = render(request, "generation/_refused.html", context)
-        response["HX-Retarget"] = "#composer"
-        response["HX-Reswap"] = "outerHTML"
-        response.status_code = status
-        return response
+        response = render(request, "generation/_refused.html", context, status=status)
+        return reswap(retarget(response, "#composer"), "outerHTML")
     return _page(request, conversation, form, status=status)
 
 
@@ -288,16 +328,9 @@ def _page(
 
 
 def _thread(conversation: Conversation) -> list[tuple[Message, bool]]:
-    """The messages shown, each prompt with its newest answer only, and whether a later prompt follows each.
-
-    Only the last prompt can be edited and only its answer regenerated.
-    """
-    shown: list[Message] = []
-    for message in conversation.messages.all():
-        if message.role == Message.Role.ASSISTANT and shown and shown[-1].role == Message.Role.ASSISTANT:
-            shown[-1] = message  # a newer answer to the same prompt
-        else:
-            shown.append(message)
+    """The messages shown, and whether a later prompt follows each: only the last prompt
+    can be edited and only its answer regenerated."""
+    shown = thread(conversation)
     last_prompt = max((i for i, message in enumerate(shown) if message.role == Message.Role.USER), default=-1)
     return [(message, i < last_prompt) for i, message in enumerate(shown)]
 
@@ -333,8 +366,8 @@ def healthz(request: HttpRequest) -> HttpResponse:
 def readyz(request: HttpRequest) -> HttpResponse:
     """Ready to serve: model loaded, database (and Redis when configured) reachable."""
     checks: dict[str, str] = {}
-    engine = runtime.engine()
-    checks["model"] = "ok" if engine.ready else (engine.load_error or "loading")
+    generations = backend()
+    checks["model"] = "ok" if generations.ready() else generations.not_ready_reason()
     checks["database"] = _check(lambda: connection.ensure_connection())
     if settings.REDIS_URL:
         checks["redis"] = _check(_ping_redis)
@@ -357,7 +390,5 @@ def _check(probe: Any) -> str:
 
 
 def _ping_redis() -> None:
-    import redis
-
     assert settings.REDIS_URL
     redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1, socket_connect_timeout=1).ping()

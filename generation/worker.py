@@ -4,7 +4,7 @@ A worker (`celery -A chatsite worker -Q generation -P threads`) loads its models
 and runs every generation task through one engine per model: each task is a thread that
 hands its job to the engine and waits for the end, so concurrent tasks share the
 engine's batches. While alive the worker beats, and registers the rows it can run with
-the cross-process admission (generation/admission.py).
+the cross-process admission (inference/admission.py).
 """
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ from django.db import InterfaceError, OperationalError, connections
 
 from generation import runtime
 from generation.dispatch import QUEUE_PRODUCER
-from generation.engine import Engine, EngineOverloaded, GenerationResult
-from generation.jobs import GenerationTask, job_for
-from generation.registry import resolve_model
-from generation.services import generation_abandon, generation_claims
+from generation.jobs import job_for
+from generation.reaping import generation_abandon
+from generation.services import generation_cancel, generation_claims
+from inference.backend import GenerationTask
+from inference.engine import Engine, EngineOverloaded, GenerationResult
 
 logger = logging.getLogger(__name__)
 
@@ -36,8 +37,7 @@ _started = threading.Event()
 
 def thread_count() -> int:
     """Task threads for one worker: a full batch, and a full queue behind it."""
-    spec = resolve_model(settings.CHAT_MODEL, synthetic_enabled=settings.CHAT_ENABLE_SYNTHETIC)
-    return runtime.max_concurrent(spec) + settings.GENERATION_MAX_QUEUE
+    return runtime.max_concurrent(runtime.model_spec()) + settings.GENERATION_MAX_QUEUE
 
 
 def start() -> None:
@@ -57,7 +57,7 @@ def _beat() -> None:
     while True:
         try:
             store.beat(QUEUE_PRODUCER, ttl_s=ttl_s)
-            for model, engine in runtime.worker_engines().items():
+            for model, engine in runtime.local_engines().items():
                 if engine.ready:
                     admission.register(model, engine.producer, engine.max_concurrent, ttl_s=ttl_s)
                     if model not in announced:
@@ -114,7 +114,7 @@ def _record_claims(delay_s: float) -> None:
             continue
         # Settled meanwhile: stop generating for nobody (for those that finished, a no-op).
         for stream_id in claims.keys() - streaming:
-            runtime.stream_store().cancel(stream_id)
+            generation_cancel(stream_id=stream_id)
 
 
 def generate(task: GenerationTask) -> str:

@@ -10,12 +10,12 @@ import pytest
 from django.conf import settings as django_settings
 from django.test import Client
 
-from bench.livesite import LiveSite
-from generation import runtime
-from generation.engine import Engine
-from generation.generators import Generator, SyntheticGenerator, load_generator
-from generation.registry import resolve_model
-from generation.streams import InMemoryStreamStore, StreamEvent
+from generation import backends, runtime
+from inference.engine import Engine
+from inference.generators import Generator, SyntheticGenerator, load_generator
+from inference.registry import resolve_model
+from inference.streams import InMemoryStreamStore, StreamEvent
+from tests.livesite import LiveSite
 
 PASSWORD = "correct-horse-battery-staple"
 
@@ -66,6 +66,7 @@ def stream_store(monkeypatch) -> InMemoryStreamStore:
     store = InMemoryStreamStore()
     monkeypatch.setattr(runtime, "_store", store)
     monkeypatch.setattr(runtime, "_engines", {})
+    monkeypatch.setattr(backends, "_backend", None)  # chosen again, from this test's settings
     return store
 
 

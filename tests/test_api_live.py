@@ -11,8 +11,8 @@ import httpx
 import openai
 import pytest
 
-from bench.livesite import ROOT, ChatClient, LiveSite
 from tests.conftest import clear_of_a_minute_edge
+from tests.livesite import ROOT, ChatClient, LiveSite
 
 MODEL = "smollm2-135m-instruct"
 HELLO = [{"role": "user", "content": "Write a short poem about rivers."}]

@@ -13,9 +13,9 @@ import sys
 import pytest
 from playwright.sync_api import expect
 
-from bench.livesite import ROOT, LiveSite
-from generation.generators import SYNTHETIC_TEXT
+from inference.generators import SYNTHETIC_TEXT
 from tests.conftest import sign_up
+from tests.livesite import ROOT, LiveSite
 
 SYNTHETIC_ENV = {"CHAT_ENABLE_SYNTHETIC": "1", "CHAT_MODEL": "synthetic", "CHAT_SYNTHETIC_TOKENS_PER_S": "200"}
 XSS_PAYLOADS = [

@@ -11,8 +11,8 @@ import re
 import pytest
 from playwright.sync_api import expect
 
-from bench.livesite import LiveSite
 from tests.conftest import sign_up
+from tests.livesite import LiveSite
 from tests.test_browser_streams import FULL_ANSWER, start_answer, text_of, wait_for_words
 
 QUEUE_ENV = {

@@ -13,9 +13,9 @@ import time
 import pytest
 from playwright.sync_api import expect
 
-from bench.livesite import LiveSite
-from generation.generators import SYNTHETIC_TEXT
+from inference.generators import SYNTHETIC_TEXT
 from tests.conftest import sign_up
+from tests.livesite import LiveSite
 from tests.tcp_proxy import FlakyProxy
 
 RATE = 50

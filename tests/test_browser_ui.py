@@ -10,8 +10,8 @@ import re
 import pytest
 from playwright.sync_api import expect
 
-from bench.livesite import LiveSite
 from tests.conftest import sign_up
+from tests.livesite import LiveSite
 
 SYNTHETIC_ENV = {"CHAT_ENABLE_SYNTHETIC": "1", "CHAT_MODEL": "synthetic", "CHAT_SYNTHETIC_TOKENS_PER_S": "100"}
 

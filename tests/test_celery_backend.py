@@ -21,7 +21,7 @@ import pytest
 import yaml
 from openai import OpenAI
 
-from bench.livesite import (
+from tests.livesite import (
     ROOT,
     ChatClient,
     LiveSite,

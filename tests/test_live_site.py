@@ -7,7 +7,7 @@ import re
 import httpx
 import pytest
 
-from bench.livesite import ChatClient
+from tests.livesite import ChatClient
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from bench.livesite import ChatClient, LiveSite, scratch_redis_prefix
+from tests.livesite import ChatClient, LiveSite, scratch_redis_prefix
 
 pytestmark = pytest.mark.skipif(not os.environ.get("REDIS_URL"), reason="needs REDIS_URL (a real Redis)")
 

@@ -13,10 +13,10 @@ from django.test import Client
 
 from accounts.models import Account, UsageRecord
 from accounts.services import account_for, api_key_create
-from generation.api import Completion, completion_events
-from generation.engine import EngineOverloaded
-from generation.generators import SYNTHETIC_TEXT, SyntheticGenerator
-from generation.streams import StreamEvent
+from api.views import Completion, completion_events
+from inference.engine import EngineOverloaded
+from inference.generators import SYNTHETIC_TEXT, SyntheticGenerator
+from inference.streams import StreamEvent
 from tests.conftest import clear_of_a_minute_edge, install_engine, wait_for_terminal
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -242,7 +242,7 @@ def test_daily_tokens_cap_max_tokens_then_refuse(alice, alice_key, fast_engine):
 
 
 def test_concurrent_streams_limit_is_429(alice, alice_key, stream_store):
-    from generation.generators import SyntheticGenerator
+    from inference.generators import SyntheticGenerator
     from tests.conftest import install_engine
 
     engine = install_engine(stream_store, SyntheticGenerator(tokens_per_s=20))
@@ -371,7 +371,7 @@ def test_bob_cannot_resume_cancel_or_see_alices_stream(alice_key, bob_key, fast_
 
 
 def test_cancel_stops_a_running_generation(alice, alice_key, stream_store):
-    from generation.generators import SyntheticGenerator
+    from inference.generators import SyntheticGenerator
     from tests.conftest import install_engine
 
     engine = install_engine(stream_store, SyntheticGenerator(tokens_per_s=20))

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from generation.batching import Sequence
-from generation.engine import Engine, EngineOverloaded, Job
-from generation.generators import GenerationParams, SyntheticGenerator
-from generation.streams import InMemoryStreamStore
+from inference.batching import Sequence, open_batch
+from inference.engine import Engine, EngineOverloaded, Job
+from inference.generators import GenerationParams, SyntheticGenerator
+from inference.streams import InMemoryStreamStore
 from tests.conftest import install_engine, wait_for_terminal, wait_until
 
 PROMPTS = [
@@ -68,7 +68,7 @@ def test_batched_greedy_output_equals_each_generation_alone(batched_engine, alon
 
 def test_the_batch_really_shares_steps(smollm):
     """Three rows take about as many steps as the longest of them, not the sum."""
-    batch = smollm.open_batch()
+    batch = open_batch(smollm)
     texts: list[list[str]] = [[], [], []]
     for n, prompt in enumerate(PROMPTS[1:4]):  # answers longer than 8 tokens
         batch.add(Sequence(chat(prompt), greedy(8), texts[n].append, lambda: False))
@@ -236,8 +236,8 @@ def test_bfloat16_batches_answer_like_the_model_alone():
     the same, all but one go on the same for three words, and each is fluent text."""
     from django.conf import settings
 
-    from generation.generators import load_generator
-    from generation.registry import resolve_model
+    from inference.generators import load_generator
+    from inference.registry import resolve_model
 
     bf16 = load_generator(
         resolve_model("smollm2-135m-instruct"),
@@ -247,7 +247,7 @@ def test_bfloat16_batches_answer_like_the_model_alone():
         synthetic_tokens_per_s=50,
     )
     assert str(bf16.model.dtype) == "torch.bfloat16"
-    batch = bf16.open_batch()
+    batch = open_batch(bf16)
     texts: list[list[str]] = [[] for _ in PROMPTS]
     for n, prompt in enumerate(PROMPTS):
         batch.add(Sequence(chat(prompt), greedy(12), texts[n].append, lambda: False))
@@ -274,7 +274,7 @@ def test_prompts_with_and_without_the_usual_template_opening_join_together(smoll
         "The three primary colours are",
         chat(PROMPTS[1]),
     ]
-    batch = smollm.open_batch()
+    batch = open_batch(smollm)
     texts: list[list[str]] = [[] for _ in prompts]
     for prompt, pieces in zip(prompts, texts, strict=True):
         batch.add(Sequence(prompt, greedy(16), pieces.append, lambda: False))
@@ -333,7 +333,7 @@ def test_a_prompt_whose_prefill_fails_leaves_alone_and_the_prompts_joining_with_
     assert poison in smollm.encode(poisoned_prompt)["input_ids"][0].tolist()
     assert all(poison not in smollm.encode(chat(prompt))["input_ids"][0].tolist() for prompt in expected)
     fail_forward_when(smollm, monkeypatch, lambda kwargs: bool((kwargs["input_ids"] == poison).any()))
-    batch = smollm.open_batch()
+    batch = open_batch(smollm)
     texts: dict[str, list[str]] = {"a": [], "poisoned": [], "b": []}
     sequences = {
         name: Sequence(prompt, greedy(12), texts[name].append, lambda: False)

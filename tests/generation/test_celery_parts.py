@@ -16,15 +16,14 @@ from django.conf import settings as django_settings
 from django.db import connections, transaction
 
 from accounts.models import UsageRecord
-from accounts.services import STREAMING
 from chatsite.celery import app
-from generation import runtime, services, worker
+from generation import backends, reaping, runtime, services, worker
 from generation.dispatch import QUEUE_PRODUCER, CeleryDispatcher
-from generation.engine import EngineOverloaded, GenerationResult
-from generation.generators import GenerationParams, SyntheticGenerator, load_chat_tokenizer
-from generation.jobs import GenerationTask
 from generation.models import Conversation, Message
-from generation.registry import resolve_model
+from inference.backend import GenerationTask
+from inference.engine import EngineOverloaded, GenerationResult
+from inference.generators import GenerationParams, SyntheticGenerator, load_chat_tokenizer
+from inference.registry import resolve_model
 from tests.conftest import wait_for_terminal, wait_until
 
 # The engine's threads write while tests read: no test-wide transaction holding locks.
@@ -46,7 +45,7 @@ def test_a_task_survives_the_trip_through_json():
 def admission():
     if not os.environ.get("REDIS_URL"):
         pytest.skip("needs REDIS_URL (a real Redis)")
-    from generation.admission import Admission
+    from inference.admission import Admission
 
     prefix = f"chatsite-test-{uuid.uuid4().hex[:12]}"
     bound = Admission(os.environ["REDIS_URL"], prefix=prefix, max_queue=2)
@@ -118,10 +117,12 @@ def test_dispatcher_refuses_past_the_bound_and_queues_nothing(dispatcher, stream
     assert len(dispatcher.queued_tasks) == 2 and not stream_store.exists("s2")
 
 
-def test_generation_start_under_celery_records_the_queue_as_producer(alice, dispatcher, stream_store, settings):
-    settings.GENERATION_BACKEND = "celery"
+def test_generation_start_under_celery_records_the_queue_as_producer(
+    alice, dispatcher, stream_store, settings, monkeypatch
+):
     settings.CHAT_MODEL = "synthetic"
-    runtime._engines["synthetic"] = dispatcher
+    settings.CHAT_ENABLE_SYNTHETIC = True
+    monkeypatch.setattr(backends, "_backend", backends.CeleryBackend({"synthetic": dispatcher}))
 
     with transaction.atomic():
         started = services.generation_start(
@@ -135,7 +136,7 @@ def test_generation_start_under_celery_records_the_queue_as_producer(alice, disp
         assert dispatcher.queued_tasks == []  # not before the transaction commits
 
     record = UsageRecord.objects.get(stream_id=started.stream_id)
-    assert record.producer == QUEUE_PRODUCER and record.status == STREAMING
+    assert record.producer == QUEUE_PRODUCER and record.status == UsageRecord.Status.STREAMING
     assert dispatcher.queued_tasks[0].stream_id == started.stream_id
     assert dispatcher.queued_tasks[0].params.max_tokens == 5
 
@@ -299,9 +300,9 @@ def test_reaping_asks_about_the_worker_that_claimed_a_run_the_ledger_still_has_q
     assert stream_store.events("on-dead")[-1].type == "error"
 
 
-def test_reaping_gives_back_admission_places_of_runs_that_ended(alice, admission, stream_store, settings, monkeypatch):
-    settings.GENERATION_BACKEND = "celery"
+def test_reaping_gives_back_admission_places_of_runs_that_ended(alice, admission, stream_store, monkeypatch):
     monkeypatch.setattr(runtime, "_admission", admission)
+    monkeypatch.setattr(backends, "_backend", backends.CeleryBackend())
     UsageRecord.objects.create(user=alice, channel="api", model="m", stream_id="ended", status="complete")
     UsageRecord.objects.create(user=alice, channel="api", model="m", stream_id="running", producer=runtime.PRODUCER)
     admission.register("m", "w", rows=8, ttl_s=30)
@@ -310,7 +311,7 @@ def test_reaping_gives_back_admission_places_of_runs_that_ended(alice, admission
     admission.admit("m", "lost")  # queueing failed: no usage record was kept
     admission._redis.zadd(admission._keys("m")[2], {"ended": 0, "running": 0, "lost": 0})  # long ago
 
-    services.runs_reap()
+    reaping.runs_reap()
 
     assert admission.admitted("m") == ["running"]
 

@@ -5,9 +5,9 @@ from django.urls import reverse
 
 from accounts.models import UsageRecord
 from generation import services
-from generation.engine import EngineOverloaded
 from generation.forms import MAX_PROMPT_CHARS
 from generation.models import Conversation, Message
+from inference.engine import EngineOverloaded
 from tests.conftest import PASSWORD, wait_for_terminal
 
 pytestmark = pytest.mark.django_db(transaction=True)

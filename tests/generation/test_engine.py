@@ -5,9 +5,9 @@ import threading
 
 import pytest
 
-from generation.engine import Engine, EngineOverloaded, GenerationResult, Job
-from generation.generators import GenerationParams, SyntheticGenerator
-from generation.streams import InMemoryStreamStore
+from inference.engine import Engine, EngineOverloaded, GenerationResult, Job
+from inference.generators import GenerationParams, SyntheticGenerator
+from inference.streams import InMemoryStreamStore
 from tests.conftest import install_engine, wait_for_terminal, wait_until
 
 GREEDY = GenerationParams(max_tokens=12, temperature=0)

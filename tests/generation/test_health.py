@@ -6,8 +6,8 @@ import pytest
 from django.conf import settings
 
 from generation import runtime
-from generation.engine import Engine
-from generation.generators import SyntheticGenerator
+from inference.engine import Engine
+from inference.generators import SyntheticGenerator
 
 pytestmark = pytest.mark.django_db
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from generation.generators import GenerationParams, TransformersGenerator
-from generation.loading import COMPLETE_MARKER, cached_conversion, file_sha256, load_pretrained, resolve_device
-from generation.registry import SYNTHETIC, UnknownModel, available_models, resolve_model
+from inference.generators import GenerationParams, TransformersGenerator
+from inference.loading import COMPLETE_MARKER, cached_conversion, file_sha256, load_pretrained, resolve_device
+from inference.registry import SYNTHETIC, UnknownModel, available_models, resolve_model
 
 
 def build_tiny_model(source: Path, target: Path) -> None:

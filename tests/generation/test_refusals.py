@@ -12,11 +12,11 @@ from django.urls import reverse
 from accounts.models import Account, UsageRecord
 from accounts.services import account_for, api_key_create
 from generation import services
-from generation.generators import GenerationParams, SyntheticGenerator
 from generation.models import Conversation, Message
+from inference.generators import GenerationParams, SyntheticGenerator
 from tests.conftest import clear_of_a_minute_edge, install_engine, wait_for_terminal
+from tests.generation.test_answer_stream import session_headers
 from tests.generation.test_api import CHAT, MODEL, assert_error, get, post
-from tests.generation.test_consumers import session_headers
 from tests.generation.test_socket import ORIGIN, socket
 
 pytestmark = pytest.mark.django_db(transaction=True)

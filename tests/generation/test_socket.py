@@ -7,10 +7,10 @@ from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 
 from generation import routing
-from generation.generators import SyntheticGenerator
 from generation.models import Conversation, Message
+from inference.generators import SyntheticGenerator
 from tests.conftest import install_engine
-from tests.generation.test_consumers import answer_in_new_conversation, session_headers
+from tests.generation.test_answer_stream import answer_in_new_conversation, session_headers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -84,7 +84,7 @@ async def test_a_waiting_generation_hears_its_place_in_the_queue_then_streams(
 
 
 async def test_cancel_stops_the_generation(alice_client, conversation, stream_store):
-    from generation.generators import SyntheticGenerator
+    from inference.generators import SyntheticGenerator
     from tests.conftest import install_engine
 
     engine = await database_sync_to_async(install_engine)(stream_store, SyntheticGenerator(20, answer_words=64))
@@ -148,7 +148,7 @@ async def test_foreign_origin_is_refused(alice_client, conversation, fast_engine
 
 
 async def test_second_generate_while_streaming_is_refused(alice_client, conversation, stream_store):
-    from generation.generators import SyntheticGenerator
+    from inference.generators import SyntheticGenerator
     from tests.conftest import install_engine
 
     engine = await database_sync_to_async(install_engine)(stream_store, SyntheticGenerator(20, answer_words=64))

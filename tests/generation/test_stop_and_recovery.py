@@ -5,15 +5,16 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from channels.routing import URLRouter
 from channels.testing import ApplicationCommunicator
+from django.core.asgi import get_asgi_application
 from django.urls import reverse
 
-from generation import routing, runtime, services
-from generation.consumers import ChatStreamConsumer
+from accounts.models import UsageRecord
+from accounts.services import api_key_create
+from generation import reaping, runtime, services
 from generation.models import Conversation, Message
 from tests.conftest import wait_for_terminal, wait_until
-from tests.generation.test_consumers import get_stream, parse_sse, session_headers
+from tests.generation.test_answer_stream import get_stream, parse_sse, session_headers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -22,7 +23,7 @@ HTMX = {"HTTP_HX_REQUEST": "true"}
 
 @pytest.fixture
 def slow_engine(stream_store):
-    from generation.generators import SyntheticGenerator
+    from inference.generators import SyntheticGenerator
     from tests.conftest import install_engine
 
     engine = install_engine(stream_store, SyntheticGenerator(tokens_per_s=20, answer_words=64))
@@ -88,7 +89,7 @@ def test_generation_goes_on_and_completes_when_the_browser_leaves(alice, slow_en
     headers = _cookie_for(alice)
 
     async def read_a_little_then_leave() -> None:
-        application = URLRouter(routing.http_urlpatterns)
+        application = get_asgi_application()
         scope = {"type": "http", "method": "GET", "path": answer.get_stream_url(), "query_string": b""}
         communicator = ApplicationCommunicator(application, {**scope, "headers": headers})
         await communicator.send_input({"type": "http.request", "body": b""})
@@ -104,29 +105,32 @@ def test_generation_goes_on_and_completes_when_the_browser_leaves(alice, slow_en
     assert answer.status == "complete" and len(answer.content.split()) == 64
 
 
-def test_api_style_stream_cancels_its_generation_when_the_client_disconnects(alice, slow_engine):
-    answer = streaming_answer(alice)
+def test_an_api_stream_cancels_its_generation_when_the_client_disconnects(alice, slow_engine):
+    key = api_key_create(user=alice, name="test")[1]
+    body = b'{"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "Hi"}], "stream": true}'
 
     async def read_then_disconnect() -> None:
-        application = ChatStreamConsumer.as_asgi(cancel_on_disconnect=True)
         scope = {
             "type": "http",
-            "method": "GET",
-            "path": answer.get_stream_url(),
+            "method": "POST",
+            "path": "/v1/chat/completions",
             "query_string": b"",
-            "headers": [],
-            "user": alice,
-            "url_route": {"kwargs": {"stream_id": answer.stream_id}},
+            "headers": [
+                (b"host", b"localhost"),
+                (b"authorization", f"Bearer {key}".encode()),
+                (b"content-type", b"application/json"),
+            ],
         }
-        communicator = ApplicationCommunicator(application, scope)
-        await communicator.send_input({"type": "http.request", "body": b""})
+        communicator = ApplicationCommunicator(get_asgi_application(), scope)
+        await communicator.send_input({"type": "http.request", "body": body})
         assert (await communicator.receive_output(5))["status"] == 200
         await communicator.receive_output(5)
         await communicator.send_input({"type": "http.disconnect"})
         await communicator.wait(5)
 
     asyncio.run(read_then_disconnect())
-    events = wait_for_terminal(slow_engine.store, answer.stream_id, timeout=5)
+    [record] = UsageRecord.objects.filter(user=alice)
+    events = wait_for_terminal(slow_engine.store, record.stream_id, timeout=5)
     assert events[-1].data["status"] == "stopped"
 
 
@@ -137,7 +141,7 @@ def test_answers_of_a_dead_process_become_interrupted_keeping_their_text(alice, 
     )
     live = streaming_answer(alice)
 
-    assert services.messages_settle_orphans() == 1
+    assert reaping.messages_settle_orphans() == 1
 
     orphan.refresh_from_db()
     assert orphan.status == "interrupted" and orphan.content == "So far"
@@ -152,7 +156,7 @@ def test_settling_ends_the_orphans_stream_for_its_readers(alice, stream_store):
     stream_store.create("dead2")
     stream_store.append("dead2", "token", {"delta": "Half"})
 
-    services.message_mark_interrupted(orphan)
+    reaping.message_mark_interrupted(orphan)
 
     events = stream_store.events("dead2")
     assert [e.type for e in events] == ["token", "error"]
@@ -162,7 +166,7 @@ def test_settling_ends_the_orphans_stream_for_its_readers(alice, stream_store):
 async def test_reader_of_a_stream_whose_producer_stopped_beating_gets_the_interrupted_answer(
     alice, alice_client, stream_store, monkeypatch
 ):
-    monkeypatch.setattr("generation.consumers.HEARTBEAT_S", 0.05)
+    monkeypatch.setattr("generation.sse.HEARTBEAT_S", 0.05)
     conversation = await Conversation.objects.acreate(user=alice, model="m")
     orphan = await conversation.messages.acreate(
         role="assistant", status="streaming", stream_id="dead3", producer="gone", content="Partial"
@@ -188,12 +192,10 @@ def test_runtime_producer_is_unique_per_process():
 
 
 def test_usage_records_of_a_dead_process_stop_counting_as_running_streams(alice, stream_store):
-    from accounts.models import UsageRecord
-
     UsageRecord.objects.create(user=alice, channel="api", model="m", stream_id="deadapi", producer="gone")
     stream_store.create("deadapi")
 
-    services.messages_settle_orphans()
+    reaping.messages_settle_orphans()
 
     record = UsageRecord.objects.get(stream_id="deadapi")
     assert record.status == "interrupted" and record.reserved_tokens == 0

@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import redis
 
-from generation.redis_streams import RedisStreamStore
-from generation.streams import InMemoryStreamStore, StreamEvent, StreamNotFound, StreamStore
+from inference.redis_streams import RedisStreamStore
+from inference.streams import InMemoryStreamStore, StreamEvent, StreamNotFound, StreamStore
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
 NO_REDIS = "REDIS_URL is not set: the Redis stream store is tested only against a real Redis"
@@ -353,7 +353,7 @@ def test_finished_in_memory_streams_expire_after_retention(monkeypatch):
     store.append("old", "done", {})
     store.create("running")
     clock = store._streams["old"].finished_at + 11
-    monkeypatch.setattr("generation.streams.time.monotonic", lambda: clock)
+    monkeypatch.setattr("inference.streams.time.monotonic", lambda: clock)
     store.create("new")
     assert not store.exists("old")
     assert store.exists("running") and store.exists("new")

@@ -6,8 +6,8 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from generation.generators import load_generator
-from generation.registry import resolve_model
+from inference.generators import load_generator
+from inference.registry import resolve_model
 
 
 class Command(BaseCommand):

@@ -1,7 +1,7 @@
 """The engine: a bounded queue of generation jobs in front of one loaded model.
 
 Two schedulers run the jobs. `batched` (the default) decodes up to `max_concurrent`
-generations together, one forward pass per step for all of them (generation/batching.py);
+generations together, one forward pass per step for all of them (inference/batching.py);
 `sequential` runs each job's own `generate()` call on up to `max_concurrent` threads.
 Either way each job publishes to the stream store: `status` events while it waits for
 room, `token` events, then exactly one `done` or `error`. The job's callbacks save the
@@ -20,9 +20,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from generation.batching import Sequence
-from generation.generators import GenerationOutcome, GenerationParams, Generator, Prompt, UnfitPrompt
-from generation.streams import StreamStore
+from inference.batching import Sequence, open_batch
+from inference.generators import GenerationOutcome, GenerationParams, Generator, Prompt, UnfitPrompt
+from inference.streams import StreamStore
 
 logger = logging.getLogger(__name__)
 
@@ -421,7 +421,7 @@ class Engine:
     def _batch_loop(self) -> None:
         """The batched scheduler: one thread stepping every running generation together."""
         self._loaded.wait()
-        batch = self.generator.open_batch() if self.generator is not None else None
+        batch = open_batch(self.generator) if self.generator is not None else None
         runs: dict[Sequence, _Run] = {}
         outbox: list[Event] = []
         while (jobs := self._take(self.max_concurrent - len(runs), wait=not runs)) is not None:

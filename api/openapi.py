@@ -5,8 +5,8 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-from generation.api_schemas import ChatCompletionRequest, CompletionRequest
-from generation.streams import MAX_SEQUENCE
+from api.schemas import ChatCompletionRequest, CompletionRequest
+from inference.streams import MAX_SEQUENCE
 
 ERROR = {"$ref": "#/components/schemas/Error"}
 SEQUENCE = {"type": "integer", "minimum": 0, "maximum": MAX_SEQUENCE}

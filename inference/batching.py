@@ -19,19 +19,20 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from generation.generators import (
+from inference.generators import (
     SYNTHETIC_TEXT,
     GenerationOutcome,
     GenerationParams,
+    Generator,
     Prompt,
+    SyntheticGenerator,
     TokenText,
+    TransformersGenerator,
     check_prompt,
 )
 
 if TYPE_CHECKING:
     import torch
-
-    from generation.generators import SyntheticGenerator, TransformersGenerator
 
 
 @dataclass(eq=False)
@@ -419,3 +420,11 @@ class SyntheticBatch:
         sequences = [row.sequence for row in self._rows]
         self._rows = []
         return sequences
+
+
+def open_batch(generator: Generator) -> Batch:
+    """An empty batch of the generator's model."""
+    if isinstance(generator, SyntheticGenerator):
+        return SyntheticBatch(generator)
+    assert isinstance(generator, TransformersGenerator), f"{generator!r} cannot batch"
+    return TransformersBatch(generator)

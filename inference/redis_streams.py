@@ -22,7 +22,7 @@ import redis
 import redis.asyncio as aredis
 from redis.exceptions import NoScriptError
 
-from generation.streams import TERMINAL_EVENTS, StreamEvent, StreamNotFound
+from inference.streams import TERMINAL_EVENTS, StreamEvent, StreamNotFound
 
 # A stream whose producer never sends its terminal event still goes away, a day later.
 ABANDONED_TTL_S = 24 * 3600

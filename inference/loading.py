@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from generation.registry import ModelSpec
+from inference.registry import ModelSpec
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +47,8 @@ def dtype_for(device: torch.device, setting: str = "auto") -> torch.dtype:
     CPU lacks the instructions, bfloat16 is emulated and slower than float32.
     """
     if setting != "auto":
-        return getattr(torch, setting)
+        chosen: torch.dtype = getattr(torch, setting)
+        return chosen
     return torch.bfloat16 if device.type == "cuda" or cpu_has_native_bf16() else torch.float32
 
 

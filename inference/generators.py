@@ -2,6 +2,10 @@
 
 A generator turns chat messages into text pieces, calling `on_token` as each piece
 is ready and checking `should_stop` at every decoding step. No Django imports here.
+
+torch, transformers and inference.loading (which imports torch: 2.6 s here) are imported
+where a real model is used, so that a process serving only the synthetic model never
+pays for them.
 """
 
 from __future__ import annotations
@@ -12,12 +16,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-from generation.registry import ModelSpec
-
-if TYPE_CHECKING:
-    from generation.batching import Batch, SyntheticBatch, TransformersBatch
+from inference.registry import ModelSpec
 
 logger = logging.getLogger(__name__)
 
@@ -82,8 +83,6 @@ class Generator(Protocol):
         should_stop: Callable[[], bool],
     ) -> GenerationOutcome: ...
 
-    def open_batch(self) -> Batch: ...
-
 
 class ChatTokenizer:
     """A model's tokenizer and context length: what counting a prompt's tokens needs.
@@ -114,7 +113,7 @@ class ChatTokenizer:
             return []
         first, second = (self.encode([{"role": "user", "content": text}])["input_ids"][0].tolist() for text in "ab")
         length = next((n for n, (a, b) in enumerate(zip(first, second, strict=False)) if a != b), 0)
-        return first[:length]
+        return [int(token) for token in first[:length]]
 
     def check_room(self, prompt_tokens: int) -> int:
         """How many tokens the context leaves for the answer; UnfitPrompt if the prompt can't run."""
@@ -139,11 +138,6 @@ class TransformersGenerator(ChatTokenizer):
 
     def token_text(self) -> TokenText:
         return TokenText(self.tokenizer)
-
-    def open_batch(self) -> TransformersBatch:
-        from generation.batching import TransformersBatch
-
-        return TransformersBatch(self)
 
     def generate(
         self,
@@ -294,17 +288,12 @@ class SyntheticGenerator:
             count += 1
         return GenerationOutcome(prompt_tokens, count, self.finish_reason(limit))
 
-    def open_batch(self) -> SyntheticBatch:
-        from generation.batching import SyntheticBatch
-
-        return SyntheticBatch(self)
-
 
 def load_generator(
     spec: ModelSpec, *, cache_dir: Path, device: str, synthetic_tokens_per_s: float, dtype: str = "auto"
 ) -> Generator:
     """Build the generator for a model spec, converting packaged GGUF weights once."""
-    from generation.loading import load_pretrained, resolve_device
+    from inference.loading import load_pretrained, resolve_device
 
     if spec.synthetic:
         return SyntheticGenerator(synthetic_tokens_per_s)
@@ -319,7 +308,7 @@ def load_chat_tokenizer(
     spec: ModelSpec, *, cache_dir: Path, synthetic_tokens_per_s: float
 ) -> ChatTokenizer | Generator:
     """What counting prompt tokens needs, without the model's weights in memory."""
-    from generation.loading import load_tokenizer_and_config
+    from inference.loading import load_tokenizer_and_config
 
     if spec.synthetic:
         return SyntheticGenerator(synthetic_tokens_per_s)
@@ -335,7 +324,7 @@ def _load_model_files(
     `load` returns (something, tokenizer); the spec's chat template is added where the
     tokenizer lacks one.
     """
-    from generation.loading import assemble_gguf, cached_conversion, convert_gguf
+    from inference.loading import assemble_gguf, cached_conversion, convert_gguf
 
     if spec.gguf_parts:
         return cached_conversion(  # type: ignore[no-any-return]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import redis
 
-from generation.engine import EngineOverloaded
+from inference.engine import EngineOverloaded
 
 # Redis time in ms, so that every process compares lapses on one clock.
 _NOW = "local t = redis.call('TIME') local now = t[1] * 1000 + math.floor(t[2] / 1000)"

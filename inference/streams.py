@@ -8,7 +8,6 @@ No Django imports here.
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator
@@ -18,14 +17,6 @@ from typing import Any, Protocol
 TERMINAL_EVENTS = frozenset({"done", "error"})
 # Sequence numbers are Redis stream ids' sequence part: at most a signed 64-bit integer here.
 MAX_SEQUENCE = 2**63 - 1
-
-
-def parse_resume_point(raw: str) -> int:
-    """A resume point (`Last-Event-ID`, `?after=`): an integer from 0 to MAX_SEQUENCE, else ValueError."""
-    after = int(raw)
-    if not 0 <= after <= MAX_SEQUENCE:
-        raise ValueError(f"a sequence number is from 0 to {MAX_SEQUENCE}")
-    return after
 
 
 @dataclass(frozen=True)
@@ -257,20 +248,3 @@ def coalesced(events: Iterable[StreamEvent]) -> Iterator[StreamEvent]:
 
 def _merged(run: list[StreamEvent]) -> StreamEvent:
     return StreamEvent(seq=run[-1].seq, type="token", data={"delta": "".join(e.data["delta"] for e in run)})
-
-
-def sse_event(data: str | dict[str, Any], *, event: str | None = None, id: int | None = None) -> bytes:
-    """Format one Server-Sent Event; multi-line data becomes several data: lines."""
-    text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
-    lines = []
-    if id is not None:
-        lines.append(f"id: {id}")
-    if event is not None:
-        lines.append(f"event: {event}")
-    normalised = text.replace("\r\n", "\n").replace("\r", "\n")
-    lines.extend(f"data: {line}" for line in normalised.split("\n"))
-    return ("\n".join(lines) + "\n\n").encode()
-
-
-def sse_comment(text: str) -> bytes:
-    return f": {text}\n\n".encode()

@@ -7,7 +7,6 @@ resumed (`/v1/streams/<id>`) or cancelled from any process.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
@@ -17,32 +16,24 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.contrib.auth.models import User
 from django.core.exceptions import RequestDataTooBig
-from django.http import HttpRequest, HttpResponseBase, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponseBase, JsonResponse
 from django.shortcuts import render
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 from pydantic import ValidationError
 
 from accounts.models import ApiKey, UsageRecord
-from accounts.services import InvalidRequest, Quota, QuotaExceeded, account_for, api_key_authenticate, quota_for
-from generation import runtime
-from generation.api_schemas import MAX_TOKENS_MAX, ChatCompletionRequest, CompletionOptions, CompletionRequest
-from generation.engine import EngineOverloaded
-from generation.generators import GenerationParams, Prompt
-from generation.openapi import openapi_document
-from generation.services import generation_start
-from generation.streams import (
-    MAX_SEQUENCE,
-    StreamEvent,
-    StreamNotFound,
-    coalesced,
-    parse_resume_point,
-    sse_event,
-)
+from accounts.services import Quota, account_for, api_key_authenticate, quota_for
+from api.chunks import DONE, Completion, completion_events, openai_finish_reason
+from api.openapi import openapi_document
+from api.schemas import MAX_TOKENS_MAX, ChatCompletionRequest, CompletionOptions, CompletionRequest
+from generation import runtime, sse
+from generation.backends import backend
+from generation.refusals import REFUSALS, refusal_of
+from generation.services import generation_cancel, generation_start
+from inference.generators import GenerationParams, Prompt
+from inference.streams import StreamNotFound
 
-HEARTBEAT_S = 15.0
-BUSY_RETRY_AFTER_S = 5
-DONE = b"data: [DONE]\n\n"
 STREAM_PREFIXES = {"chatcmpl-": "chat", "cmpl-": "text"}
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -133,7 +124,7 @@ async def models_list(request: HttpRequest, caller: Caller) -> HttpResponseBase:
         {
             "object": "list",
             "data": [
-                {"id": name, "object": "model", "created": 0, "owned_by": "chatsite"} for name in runtime.model_names()
+                {"id": name, "object": "model", "created": 0, "owned_by": "chatsite"} for name in backend().models()
             ],
         }
     )
@@ -159,7 +150,10 @@ async def completions(request: HttpRequest, caller: Caller) -> HttpResponseBase:
 @api_view
 async def stream_resume(request: HttpRequest, caller: Caller, completion_id: str) -> HttpResponseBase:
     completion = await _owned_completion(caller, completion_id)
-    after = _resume_point(request)
+    try:
+        after = sse.resume_point(request)
+    except ValueError:
+        raise ApiError(400, sse.RESUME_POINT_ERROR, param="after") from None
     include_usage = request.GET.get("include_usage") in ("1", "true")
     return _sse_response(completion, after=after, include_usage=include_usage, cancel_on_disconnect=False)
 
@@ -168,7 +162,7 @@ async def stream_resume(request: HttpRequest, caller: Caller, completion_id: str
 @api_view
 async def stream_cancel(request: HttpRequest, caller: Caller, completion_id: str) -> HttpResponseBase:
     completion = await _owned_completion(caller, completion_id)
-    cancelled = await sync_to_async(runtime.stream_store().cancel)(completion.stream_id)
+    cancelled = await sync_to_async(generation_cancel)(stream_id=completion.stream_id)
     return JsonResponse({"id": completion.id, "object": "stream.cancellation", "cancelled": cancelled})
 
 
@@ -208,116 +202,12 @@ def openapi_json(request: HttpRequest) -> HttpResponseBase:
 
 @require_GET
 def api_docs(request: HttpRequest) -> HttpResponseBase:
-    return render(request, "generation/api_docs.html", {"document": openapi_document()})
-
-
-# -- completions -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Completion:
-    """How one generation is presented: chat chunks or text-completion chunks."""
-
-    kind: str  # "chat" | "text"
-    stream_id: str
-    model: str
-    created: int
-
-    @classmethod
-    def new(cls, kind: str, model: str) -> Completion:
-        return cls(kind=kind, stream_id=uuid.uuid4().hex, model=model, created=int(time.time()))
-
-    @property
-    def id(self) -> str:
-        return f"{'chatcmpl-' if self.kind == 'chat' else 'cmpl-'}{self.stream_id}"
-
-    def chunk(
-        self, *, content: str | None = None, role: bool = False, finish_reason: str | None = None
-    ) -> dict[str, Any]:
-        if self.kind == "chat":
-            delta: dict[str, str] = {"role": "assistant"} if role else {}
-            if content is not None:
-                delta["content"] = content
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish_reason}
-            return self._envelope("chat.completion.chunk", [choice])
-        return self._envelope(
-            "text_completion", [{"index": 0, "text": content or "", "finish_reason": finish_reason, "logprobs": None}]
-        )
-
-    def usage_chunk(self, usage: dict[str, int]) -> dict[str, Any]:
-        return {
-            **self._envelope("chat.completion.chunk" if self.kind == "chat" else "text_completion", []),
-            "usage": usage,
-        }
-
-    def whole(self, text: str, finish_reason: str, usage: dict[str, int]) -> dict[str, Any]:
-        if self.kind == "chat":
-            message = {"role": "assistant", "content": text, "refusal": None}
-            choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}
-            return {**self._envelope("chat.completion", [choice]), "usage": usage}
-        choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
-        return {**self._envelope("text_completion", [choice]), "usage": usage}
-
-    def _envelope(self, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices}
-
-
-def openai_finish_reason(finish_reason: str) -> str:
-    # OpenAI knows stop and length; a cancelled generation stopped where it was asked to.
-    return "length" if finish_reason == "length" else "stop"
-
-
-def comment_line(text: str) -> bytes:
-    """An SSE comment line, with no blank line after it.
-
-    A blank line ends an event. After a comment it ends one with no data, which the
-    spec says to drop, but the openai Python client dispatches it once the stream has
-    sent an `id:` and then fails to parse its empty data (openai/openai-python#2722).
-    """
-    return f": {text}\n".encode()
-
-
-def status_comment(data: dict[str, Any]) -> bytes:
-    """A wait in the queue as a comment line: people reading the raw stream see it, clients skip it."""
-    if data.get("state") == "queued":
-        return comment_line(f"queued, {data['ahead']} ahead")
-    return comment_line(str(data.get("state", "status")))
-
-
-def completion_events(completion: Completion, events: list[StreamEvent], *, include_usage: bool) -> bytes:
-    """Format a batch of stream events as OpenAI SSE chunks; consecutive tokens coalesce.
-
-    `status` events become comment lines: OpenAI clients must see no chunk they don't know.
-    """
-    out: list[bytes] = []
-    for event in coalesced(events):
-        if event.type == "status":
-            out.append(status_comment(event.data))
-        elif event.type == "token":
-            out.append(sse_event(completion.chunk(content=event.data["delta"]), id=event.seq))
-        elif event.type == "done":
-            reason = openai_finish_reason(event.data["finish_reason"])
-            out.append(sse_event(completion.chunk(finish_reason=reason), id=event.seq))
-            if include_usage:
-                out.append(sse_event(completion.usage_chunk(event.data["usage"]), id=event.seq))
-            out.append(DONE)
-        elif event.type == "error":
-            error = {
-                "message": event.data.get("message", "Generation failed."),
-                "type": "server_error",
-                "param": None,
-                "code": "generation_failed",
-            }
-            out.append(sse_event({"error": error}, id=event.seq))
-            out.append(DONE)
-    return b"".join(out)
+    return render(request, "api/docs.html", {"document": openapi_document()})
 
 
 async def _complete(
     request: HttpRequest, caller: Caller, body: CompletionOptions, prompt: Prompt, completion: Completion
 ) -> HttpResponseBase:
-    if body.model not in runtime.model_names():
-        raise ApiError(404, f"The model {body.model!r} does not exist.", code="model_not_found", param="model")
     requested = body.requested_max_tokens()
     params = GenerationParams(
         # Unset: as long as the plan, the context and the day's budget allow (generation_admit).
@@ -338,20 +228,12 @@ async def _complete(
             api_key=caller.key,
             stream_id=completion.stream_id,
         )
-    except QuotaExceeded as refusal:
+    except REFUSALS as error:
+        refusal = refusal_of(error)
+        # The services call the prompt "prompt"; a chat completion's is its messages.
+        param = "messages" if refusal.param == "prompt" and completion.kind == "chat" else refusal.param
         raise ApiError(
-            429, refusal.message, code=refusal.code, param=refusal.param, retry_after=refusal.retry_after
-        ) from None
-    except InvalidRequest as invalid:
-        # The service calls the prompt "prompt"; a chat completion's is its messages.
-        param = "messages" if invalid.param == "prompt" and completion.kind == "chat" else invalid.param
-        raise ApiError(400, invalid.message, code=invalid.code, param=param) from None
-    except EngineOverloaded:
-        raise ApiError(
-            503,
-            "The server is overloaded; try again shortly.",
-            code="server_overloaded",
-            retry_after=BUSY_RETRY_AFTER_S,
+            refusal.status, refusal.message, code=refusal.code, param=param, retry_after=refusal.retry_after
         ) from None
     caller.quota = started.quota
     if body.stream:
@@ -380,32 +262,27 @@ async def _whole_completion(completion: Completion) -> HttpResponseBase:
         raise ApiError(500, "The generation ended without a result.", code="generation_failed")
     finally:
         if not finished:  # the client went away (or we failed): don't generate for nobody
-            await sync_to_async(store.cancel)(completion.stream_id)
+            await sync_to_async(generation_cancel)(stream_id=completion.stream_id)
 
 
 def _sse_response(
     completion: Completion, *, after: int, include_usage: bool, cancel_on_disconnect: bool
 ) -> HttpResponseBase:
-    response = StreamingHttpResponse(
-        _sse_chunks(completion, after=after, include_usage=include_usage, cancel_on_disconnect=cancel_on_disconnect),
-        content_type="text/event-stream; charset=utf-8",
+    return sse.response(
+        _sse_chunks(completion, after=after, include_usage=include_usage, cancel_on_disconnect=cancel_on_disconnect)
     )
-    response["Cache-Control"] = "no-cache"
-    response["X-Accel-Buffering"] = "no"
-    return response
 
 
 async def _sse_chunks(
     completion: Completion, *, after: int, include_usage: bool, cancel_on_disconnect: bool
 ) -> AsyncIterator[bytes]:
-    store = runtime.stream_store()
     finished = False
     try:
         if after == 0 and completion.kind == "chat":
-            yield sse_event(completion.chunk(role=True, content=""), id=0)
-        async for batch in store.read(completion.stream_id, after, heartbeat_s=HEARTBEAT_S):
+            yield sse.event(completion.chunk(role=True, content=""), id=0)
+        async for batch in sse.read(runtime.stream_store(), completion.stream_id, after):
             if not batch:
-                yield comment_line("ping")
+                yield sse.PING
                 continue
             finished = batch[-1].terminal
             yield completion_events(completion, batch, include_usage=include_usage)
@@ -418,11 +295,11 @@ async def _sse_chunks(
             "param": None,
             "code": "stream_not_found",
         }
-        yield sse_event({"error": error}) + DONE
+        yield sse.event({"error": error}) + DONE
     finally:
         # Django cancels this generator when the client disconnects.
         if not finished and cancel_on_disconnect:
-            await sync_to_async(store.cancel)(completion.stream_id)
+            await sync_to_async(generation_cancel)(stream_id=completion.stream_id)
 
 
 async def _owned_completion(caller: Caller, completion_id: str) -> Completion:
@@ -438,16 +315,6 @@ async def _owned_completion(caller: Caller, completion_id: str) -> Completion:
     return Completion(
         kind=kind or "chat", stream_id=stream_id, model=record.model, created=int(record.created_at.timestamp())
     )
-
-
-def _resume_point(request: HttpRequest) -> int:
-    raw = request.GET.get("after") or request.headers.get("Last-Event-ID") or "0"
-    try:
-        return parse_resume_point(raw)
-    except ValueError:
-        raise ApiError(
-            400, f"Last-Event-ID and ?after= must be an integer from 0 to {MAX_SEQUENCE}.", param="after"
-        ) from None
 
 
 def _parse(request: HttpRequest, schema: type[CompletionOptions]) -> CompletionOptions:

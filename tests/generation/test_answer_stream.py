@@ -4,21 +4,22 @@ import json
 
 import pytest
 from asgiref.sync import sync_to_async
-from channels.routing import URLRouter
-from channels.testing import HttpCommunicator
+from channels.testing import ApplicationCommunicator
 from django.conf import settings
+from django.core.asgi import get_asgi_application
+from django.test import RequestFactory
 
-from generation import routing, services
-from generation.consumers import answer_events, resume_point
-from generation.generators import SyntheticGenerator
+from generation import services, sse
 from generation.models import Conversation, Message
-from generation.streams import StreamEvent
+from generation.views import answer_events
+from inference.generators import SyntheticGenerator
+from inference.streams import StreamEvent
 from tests.conftest import install_engine, wait_for_terminal
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-# The stream routes as chatsite.asgi mounts them, without its start-up side effects.
-application = URLRouter(routing.http_urlpatterns)
+# Django's ASGI handler, as chatsite.asgi mounts it, without its start-up side effects.
+application = get_asgi_application()
 
 
 def session_headers(client) -> list[tuple[bytes, bytes]]:
@@ -27,11 +28,21 @@ def session_headers(client) -> list[tuple[bytes, bytes]]:
 
 
 async def get_stream(path: str, headers: list[tuple[bytes, bytes]], timeout: float = 30) -> dict:
-    communicator = HttpCommunicator(application, "GET", path, headers=headers)
+    """GET through Django's ASGI handler: the response's status, headers and whole body."""
+    path, _, query = path.partition("?")
+    scope = {"type": "http", "method": "GET", "path": path, "query_string": query.encode(), "headers": headers}
+    communicator = ApplicationCommunicator(application, scope)
     try:
-        return await communicator.get_response(timeout=timeout)
+        await communicator.send_input({"type": "http.request", "body": b""})
+        response = await communicator.receive_output(timeout)
+        response["body"] = b""
+        while True:
+            chunk = await communicator.receive_output(timeout)
+            response["body"] += chunk.get("body", b"")  # Django's last message may carry none
+            if not chunk.get("more_body"):
+                return response
     finally:
-        # As daphne does once a response is complete; the consumer then closes its DB connection.
+        # As daphne does once a response is complete.
         await communicator.send_input({"type": "http.disconnect"})
         await communicator.wait()
 
@@ -157,7 +168,8 @@ async def test_answer_whose_stream_is_gone_is_settled_as_interrupted(alice, alic
 
 async def test_waiting_answer_hears_its_place_in_the_queue_live_then_streams(alice_client, queue, stream_store):
     running, _, third = queue
-    communicator = HttpCommunicator(application, "GET", third.get_stream_url(), headers=session_headers(alice_client))
+    scope = {"type": "http", "method": "GET", "path": third.get_stream_url(), "query_string": b""}
+    communicator = ApplicationCommunicator(application, {**scope, "headers": session_headers(alice_client)})
     await communicator.send_input({"type": "http.request", "body": b""})
     try:
         assert (await communicator.receive_output(5))["status"] == 200
@@ -167,8 +179,11 @@ async def test_waiting_answer_hears_its_place_in_the_queue_live_then_streams(ali
         waiting = parse_sse(body)
 
         await sync_to_async(stream_store.cancel)(running.stream_id)  # bob's answer stops: the queue moves
-        while (chunk := await communicator.receive_output(10)).get("more_body"):
-            body += chunk["body"]
+        while True:
+            chunk = await communicator.receive_output(10)
+            body += chunk.get("body", b"")
+            if not chunk.get("more_body"):
+                break
     finally:
         await communicator.send_input({"type": "http.disconnect"})
         await communicator.wait()
@@ -231,7 +246,7 @@ def test_answer_events_coalesce_token_runs_around_status_events_in_order():
 
 
 def test_resume_point_prefers_the_query_over_the_header():
-    scope = {"query_string": b"after=7", "headers": [(b"last-event-id", b"3")]}
-    assert resume_point(scope) == 7
-    assert resume_point({"query_string": b"", "headers": [(b"last-event-id", b"3")]}) == 3
-    assert resume_point({"query_string": b"", "headers": []}) == 0
+    requests = RequestFactory()
+    assert sse.resume_point(requests.get("/", {"after": "7"}, headers={"Last-Event-ID": "3"})) == 7
+    assert sse.resume_point(requests.get("/", headers={"Last-Event-ID": "3"})) == 3
+    assert sse.resume_point(requests.get("/")) == 0

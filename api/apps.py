@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class ApiConfig(AppConfig):
+    """The OpenAI-compatible API: views over the chat app's services, no models of its own."""
+
+    name = "api"

@@ -1,0 +1,16 @@
+from django.urls import path
+
+from api import views
+
+app_name = "api"
+
+urlpatterns = [
+    path("models", views.models_list, name="models"),
+    path("chat/completions", views.chat_completions, name="chat_completions"),
+    path("completions", views.completions, name="completions"),
+    path("streams/<str:completion_id>", views.stream_resume, name="stream"),
+    path("streams/<str:completion_id>/cancel", views.stream_cancel, name="stream_cancel"),
+    path("usage", views.usage, name="usage"),
+    path("openapi.json", views.openapi_json, name="openapi"),
+    path("docs", views.api_docs, name="docs"),
+]

@@ -1,0 +1,198 @@
+"""The two GenerationBackend implementations (inference/backend.py), and the one this
+deployment uses, chosen once from GENERATION_BACKEND: nothing else asks which it is.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from functools import partial
+from typing import Any
+
+from celery import current_app
+from django.conf import settings
+from django.db import close_old_connections
+
+from accounts.models import UsageRecord
+from generation import runtime
+from generation.dispatch import QUEUE_PRODUCER, CeleryDispatcher
+from generation.jobs import job_for
+from inference.backend import GenerationBackend, GenerationTask, ModelLoad
+from inference.engine import EngineOverloaded
+from inference.generators import ChatTokenizer, Generator, Prompt, load_chat_tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+def _loaded(holder: Any) -> ChatTokenizer | Generator:
+    """What counts an engine's (or dispatcher's) prompt tokens; EngineOverloaded while it loads."""
+    if holder.generator is None:
+        raise EngineOverloaded(f"the model is not loaded ({holder.load_error or 'loading'})")
+    return holder.generator  # type: ignore[no-any-return]
+
+
+class InProcessBackend:
+    """Generations run on this process's own engines (GENERATION_BACKEND=inprocess)."""
+
+    def models(self) -> list[str]:
+        return runtime.model_names()
+
+    def producer(self, model: str) -> str:
+        return runtime.local_engine(model).producer
+
+    def count_prompt_tokens(self, model: str, prompt: Prompt) -> int:
+        return _loaded(runtime.local_engine(model)).count_prompt_tokens(prompt)
+
+    def context_length(self, model: str) -> int:
+        return _loaded(runtime.local_engine(model)).context_length
+
+    def submit(self, task: GenerationTask) -> str:
+        runtime.local_engine(task.model).submit(job_for(task))
+        return task.stream_id
+
+    def cancel(self, stream_id: str) -> bool:
+        return runtime.stream_store().cancel(stream_id)
+
+    def ready(self) -> bool:
+        return runtime.local_engine().ready
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        return runtime.local_engine().wait_ready(timeout)
+
+    def not_ready_reason(self) -> str:
+        return runtime.local_engine().load_error or "loading"
+
+    def loads(self) -> list[ModelLoad]:
+        return [
+            ModelLoad(model, e.scheduler, e.ready, e.active, e.queued, e.max_concurrent, e.generated_tokens)
+            for model, e in sorted(runtime.local_engines().items())
+        ]
+
+    def start(self) -> None:
+        runtime.local_engine()
+        threading.Thread(target=_housekeep_inline, name="chatsite-housekeeping", daemon=True).start()
+
+    def housekeep(self) -> None:
+        """Nothing of its own: the reaper settles the runs of dead processes for every backend."""
+
+
+class CeleryBackend:
+    """Generations run on Celery workers (GENERATION_BACKEND=celery).
+
+    Web processes hold only each model's tokenizer, to count prompt tokens, and admit
+    generations across all processes in Redis before queueing them (generation/dispatch.py).
+    """
+
+    def __init__(self, dispatchers: dict[str, CeleryDispatcher] | None = None) -> None:
+        self._dispatchers = dict(dispatchers or {})
+        self._lock = threading.Lock()
+
+    def dispatcher(self, model: str | None = None) -> CeleryDispatcher:
+        """The dispatcher of `model` (default CHAT_MODEL), its tokenizer loading; raises UnknownModel."""
+        name = model or settings.CHAT_MODEL
+        with self._lock:
+            if name not in self._dispatchers:
+                load = partial(
+                    load_chat_tokenizer,
+                    runtime.model_spec(name),
+                    cache_dir=settings.MODEL_CACHE_DIR,
+                    synthetic_tokens_per_s=settings.CHAT_SYNTHETIC_TOKENS_PER_S,
+                )
+                self._dispatchers[name] = CeleryDispatcher(name, load, runtime.stream_store(), runtime.admission())
+            found = self._dispatchers[name]
+        found.start()
+        return found
+
+    def models(self) -> list[str]:
+        return runtime.model_names()
+
+    def producer(self, model: str) -> str:
+        return QUEUE_PRODUCER  # until a worker claims it (generation/worker.py)
+
+    def count_prompt_tokens(self, model: str, prompt: Prompt) -> int:
+        return _loaded(self.dispatcher(model)).count_prompt_tokens(prompt)
+
+    def context_length(self, model: str) -> int:
+        return _loaded(self.dispatcher(model)).context_length
+
+    def submit(self, task: GenerationTask) -> str:
+        self.dispatcher(task.model).submit(task)
+        return task.stream_id
+
+    def cancel(self, stream_id: str) -> bool:
+        return runtime.stream_store().cancel(stream_id)
+
+    def ready(self) -> bool:
+        return self.dispatcher().ready
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        return self.dispatcher().wait_ready(timeout)
+
+    def not_ready_reason(self) -> str:
+        return self.dispatcher().load_error or "loading"
+
+    def loads(self) -> list[ModelLoad]:
+        with self._lock:
+            dispatchers = sorted(self._dispatchers.items())
+        return [
+            ModelLoad(model, d.scheduler, d.ready, d.active, d.queued, d.max_concurrent, d.generated_tokens)
+            for model, d in dispatchers
+        ]
+
+    def start(self) -> None:
+        self.dispatcher()
+
+    def housekeep(self) -> None:
+        """Give back the admission places of runs that are no longer streaming.
+
+        Their worker died, or queueing them failed. A place is given back once it is a
+        minute old, past any transaction that may still be committing its usage record.
+        """
+        admission = runtime.admission()
+        for model in admission.models():
+            admitted = admission.admitted(model, older_than_s=60)
+            streaming = set(
+                UsageRecord.objects.filter(stream_id__in=admitted, status=UsageRecord.Status.STREAMING).values_list(
+                    "stream_id", flat=True
+                )
+            )
+            for stream_id in set(admitted) - streaming:
+                admission.release(model, stream_id)
+
+
+_backend: GenerationBackend | None = None
+_backend_lock = threading.Lock()
+
+
+def backend() -> GenerationBackend:
+    """The backend this deployment runs generations on, chosen once from GENERATION_BACKEND."""
+    global _backend
+    with _backend_lock:
+        if _backend is None:
+            _backend = CeleryBackend() if settings.GENERATION_BACKEND == "celery" else InProcessBackend()
+        return _backend
+
+
+def _housekeep_inline() -> None:
+    """Run Celery beat's schedule in this process, for the in-process backend.
+
+    Without workers there is no beat process: the one web process settles the answers
+    of a predecessor that died (at once, and again as heartbeats lapse), rolls usage up
+    and expires streams, on beat's schedule, calling the same tasks by name.
+    """
+    current_app.loader.import_default_modules()
+    entries: list[dict[str, Any]] = list(settings.CELERY_BEAT_SCHEDULE.values())
+    schedule = {entry["task"]: float(entry["schedule"]) for entry in entries}
+    due = dict.fromkeys(schedule, 0.0)
+    while True:
+        for task, period_s in schedule.items():
+            if time.monotonic() >= due[task]:
+                due[task] = time.monotonic() + period_s
+                try:
+                    current_app.tasks[task]()
+                except Exception:
+                    logger.exception("Housekeeping task %s failed", task)
+                finally:
+                    close_old_connections()
+        time.sleep(max(0.0, min(due.values()) - time.monotonic()))

@@ -1,0 +1,54 @@
+"""Why a generation could not start, said once for every channel.
+
+The browser chat shows the words, the WebSocket sends them with the code, the API wraps
+them in OpenAI's error object with the status; all three read them from `refusal_of`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from accounts.services import InvalidRequest, QuotaExceeded
+from inference.engine import EngineOverloaded
+from inference.registry import UnknownModel
+
+# What can refuse to start a generation.
+REFUSALS = (InvalidRequest, QuotaExceeded, EngineOverloaded, UnknownModel)
+BUSY_RETRY_AFTER_S = 5
+
+
+@dataclass(frozen=True)
+class Refusal:
+    status: int
+    code: str | None
+    message: str
+    param: str | None = None
+    retry_after: int | None = None  # None: trying again won't help
+
+    @property
+    def words(self) -> str:
+        """The message for people, with when to try again."""
+        if self.status == 429 and self.retry_after is not None:
+            return f"{self.message} Try again in {_duration(self.retry_after)}."
+        return self.message
+
+
+def refusal_of(error: Exception) -> Refusal:
+    """The refusal an exception of REFUSALS stands for."""
+    if isinstance(error, InvalidRequest):
+        return Refusal(400, error.code, error.message, error.param)
+    if isinstance(error, QuotaExceeded):
+        return Refusal(429, error.code, error.message, error.param, error.retry_after)
+    if isinstance(error, UnknownModel):
+        return Refusal(404, "model_not_found", str(error), "model")
+    return Refusal(
+        503, "server_overloaded", "The server is busy right now. Try again in a moment.", retry_after=BUSY_RETRY_AFTER_S
+    )
+
+
+def _duration(seconds: int) -> str:
+    if seconds < 90:
+        return f"{seconds} s"
+    if seconds < 5400:
+        return f"{round(seconds / 60)} min"
+    return f"{round(seconds / 3600)} h"

@@ -1,0 +1,95 @@
+"""The one interface everything above the model talks to: a generation backend.
+
+Views, consumers, the API, the ledger and housekeeping never know which backend runs a
+generation: each produces the same numbered events in the stream store, so readers,
+resume, Stop and usage work the same for all. Implementations (generation/backends.py):
+the in-process engine and Celery workers; one is chosen once, at start-up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+from inference.generators import GenerationParams, Prompt
+
+
+@dataclass(frozen=True)
+class GenerationTask:
+    """An admitted generation, as data: plain JSON, so that it can travel to a worker."""
+
+    stream_id: str
+    model: str
+    prompt: Prompt
+    params: GenerationParams
+    # The chat answer it writes; None for API completions, which only have a usage record.
+    message_id: int | None = None
+    # Generations ahead of it when it was admitted, as told to its readers (None: none).
+    ahead: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GenerationTask:
+        params = {**data["params"], "stop": tuple(data["params"]["stop"])}
+        return cls(**{**data, "params": GenerationParams(**params)})
+
+
+@dataclass(frozen=True)
+class ModelLoad:
+    """Where one model's generations stand, for metrics and the admin."""
+
+    model: str
+    scheduler: str
+    ready: bool
+    active: int
+    queued: int
+    max_concurrent: int
+    generated_tokens: int
+
+
+class GenerationBackend(Protocol):
+    def models(self) -> list[str]:
+        """The model names it serves; the first is the default."""
+        ...
+
+    def producer(self, model: str) -> str:
+        """Who the ledger records as generating a run of `model` admitted now."""
+        ...
+
+    def count_prompt_tokens(self, model: str, prompt: Prompt) -> int:
+        """The prompt's tokens, with the model's own tokenizer; EngineOverloaded while it loads."""
+        ...
+
+    def context_length(self, model: str) -> int:
+        """Prompt and answer tokens the model holds; EngineOverloaded while it loads."""
+        ...
+
+    def submit(self, task: GenerationTask) -> str:
+        """Queue an admitted generation; its stream id. Raises EngineOverloaded (queue full)."""
+        ...
+
+    def cancel(self, stream_id: str) -> bool:
+        """Stop a generation within one decoding step, wherever it runs; False if unknown."""
+        ...
+
+    def ready(self) -> bool:
+        """The default model can generate (for /readyz)."""
+        ...
+
+    def wait_ready(self, timeout: float | None = None) -> bool: ...
+
+    def not_ready_reason(self) -> str:
+        """Why it is not ready: "loading", or the load error."""
+        ...
+
+    def loads(self) -> list[ModelLoad]: ...
+
+    def start(self) -> None:
+        """At server start: load the default model, begin housekeeping where it is due."""
+        ...
+
+    def housekeep(self) -> None:
+        """Give back what runs that ended without a word still hold (beat's reaping calls it)."""
+        ...
