@@ -40,6 +40,8 @@ class GenerationResult:
     ttft_s: float | None = None
     duration_s: float = 0.0
     error: str = ""
+    # The token counts are estimates: the model server that generated it reported none.
+    usage_estimated: bool = False
 
     @property
     def ttft_ms(self) -> int | None:
@@ -343,9 +345,13 @@ class Engine:
             if self._stopping.wait(self.HEARTBEAT_S):
                 return
 
-    def _take(self, count: int, *, wait: bool) -> list[Job] | None:
+    def _take(self, count: int, *, wait: bool, decoding: int | None = None) -> list[Job] | None:
         """Up to `count` of the oldest jobs, counted as active from now on. With `wait`,
-        blocks until there is one; None once the engine stops and no job is left."""
+        blocks until there is one; None once the engine stops and no job is left.
+
+        `decoding`: the rows the batch runs now. The waiting jobs' places count from it,
+        not from `active`, which still counts the rows that left the batch until their
+        saves are done: a place must not lag behind a slow database."""
         with self._lock:
             while wait and not self._jobs:
                 if self._stopping.is_set():
@@ -356,7 +362,7 @@ class Engine:
             taken = [self._jobs.popleft() for _ in range(min(count, len(self._jobs)))]
             self.active += len(taken)
             news = [(job.stream_id, {"state": "running"}) for job in taken if job.ahead is not None]
-            news += self._places_changed()
+            news += self._places_changed(self.active if decoding is None else decoding + len(taken))
         self._publish_status(news)
         return taken
 
@@ -380,18 +386,19 @@ class Engine:
             gone = [job for job in self._jobs if job.stream_id in stream_ids]
             for job in gone:
                 self._jobs.remove(job)
-            news = self._places_changed()
+            news = self._places_changed(self.active)
             self.active += len(gone)  # never ran, but _end() counts them out like the others
         self._publish_status(news)
         for job in gone:
             run = _Run(job, self)
             self._finish(run, run.cancelled_before_start())
 
-    def _places_changed(self) -> list[tuple[str, dict[str, Any]]]:
-        """Status news for the waiting jobs whose place changed; called with the lock held."""
+    def _places_changed(self, occupied: int) -> list[tuple[str, dict[str, Any]]]:
+        """Status news for the waiting jobs whose place changed, `occupied` rows being taken;
+        called with the lock held."""
         news: list[tuple[str, dict[str, Any]]] = []
         for index, job in enumerate(self._jobs):
-            ahead = max(self.active + index - self.max_concurrent, 0)
+            ahead = max(occupied + index - self.max_concurrent, 0)
             if job.ahead is not None and ahead != job.ahead:
                 job.ahead = ahead
                 news.append((job.stream_id, {"state": "queued", "ahead": ahead}))
@@ -424,7 +431,7 @@ class Engine:
         batch = open_batch(self.generator) if self.generator is not None else None
         runs: dict[Sequence, _Run] = {}
         outbox: list[Event] = []
-        while (jobs := self._take(self.max_concurrent - len(runs), wait=not runs)) is not None:
+        while (jobs := self._take(self.max_concurrent - len(runs), wait=not runs, decoding=len(runs))) is not None:
             running = {run.job.stream_id: run for run in runs.values()}
             joining = {job.stream_id for job in jobs}
             cancelled = self._cancelled_among([*running, *joining])
