@@ -135,6 +135,8 @@ class UsageRecord(models.Model):
     completion_tokens = models.PositiveIntegerField(default=0)
     # Reserved for the daily budget while streaming; replaced by the real count at the end.
     reserved_tokens = models.PositiveIntegerField(default=0)
+    # The counts are estimates: the model server that generated it reported no usage.
+    usage_estimated = models.BooleanField(default=False)
     ttft_ms = models.PositiveIntegerField(null=True, blank=True)
     duration_ms = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now, db_index=True)

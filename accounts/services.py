@@ -175,8 +175,10 @@ def usage_finish(
     completion_tokens: int,
     ttft_ms: int | None,
     duration_ms: int,
+    usage_estimated: bool = False,
 ) -> None:
     UsageRecord.objects.filter(stream_id=stream_id).update(
+        usage_estimated=usage_estimated,
         status=status,
         finish_reason=finish_reason,
         prompt_tokens=prompt_tokens,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from generation import sse
@@ -31,13 +31,24 @@ class Completion:
         return f"{'chatcmpl-' if self.kind == 'chat' else 'cmpl-'}{self.stream_id}"
 
     def chunk(
-        self, *, content: str | None = None, role: bool = False, finish_reason: str | None = None
+        self,
+        *,
+        content: str | None = None,
+        role: bool = False,
+        finish_reason: str | None = None,
+        tool_calls: list[dict[str, Any]] | None = None,
+        logprobs: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
+        logprobs_field = {"content": logprobs} if logprobs else None
         if self.kind == "chat":
-            delta: dict[str, str] = {"role": "assistant"} if role else {}
+            delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if content is not None:
                 delta["content"] = content
+            if tool_calls:
+                delta["tool_calls"] = tool_calls
             choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish_reason}
+            if logprobs_field:
+                choice["logprobs"] = logprobs_field
             return self._envelope("chat.completion.chunk", [choice])
         return self._envelope(
             "text_completion", [{"index": 0, "text": content or "", "finish_reason": finish_reason, "logprobs": None}]
@@ -49,10 +60,20 @@ class Completion:
             "usage": usage,
         }
 
-    def whole(self, text: str, finish_reason: str, usage: dict[str, int]) -> dict[str, Any]:
+    def whole(self, answer: WholeAnswer, finish_reason: str, usage: dict[str, int]) -> dict[str, Any]:
+        text = "".join(answer.pieces)
+        logprobs = {"content": answer.logprobs} if answer.logprobs else None
         if self.kind == "chat":
-            message = {"role": "assistant", "content": text, "refusal": None}
-            choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}
+            message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+            if answer.tool_calls:
+                message["tool_calls"] = [answer.tool_calls[index] for index in sorted(answer.tool_calls)]
+                message["content"] = text or None
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": message,
+                "finish_reason": finish_reason,
+                "logprobs": logprobs,
+            }
             return {**self._envelope("chat.completion", [choice]), "usage": usage}
         choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
         return {**self._envelope("text_completion", [choice]), "usage": usage}
@@ -61,9 +82,45 @@ class Completion:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices}
 
 
+@dataclass
+class WholeAnswer:
+    """A generation's events gathered into one answer (a non-streaming completion)."""
+
+    pieces: list[str] = field(default_factory=list)
+    tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)  # by their index
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
+
+    def take(self, event: StreamEvent) -> None:
+        if event.type == "token":
+            self.pieces.append(event.data["delta"])
+            self.logprobs += event.data.get("logprobs", [])
+        elif event.type == "tool_call":
+            for delta in event.data["tool_calls"]:
+                call = self.tool_calls.setdefault(
+                    delta.get("index", 0), {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
+                )
+                call["id"] = delta.get("id") or call["id"]
+                function = delta.get("function") or {}
+                call["function"]["name"] += function.get("name") or ""
+                call["function"]["arguments"] += function.get("arguments") or ""
+
+
+# What OpenAI clients know; a cancelled generation stopped where it was asked to.
+OPENAI_FINISH_REASONS = frozenset({"stop", "length", "tool_calls", "content_filter"})
+
+
 def openai_finish_reason(finish_reason: str) -> str:
-    # OpenAI knows stop and length; a cancelled generation stopped where it was asked to.
-    return "length" if finish_reason == "length" else "stop"
+    return finish_reason if finish_reason in OPENAI_FINISH_REASONS else "stop"
+
+
+def error_of(data: dict[str, Any]) -> dict[str, Any]:
+    """An `error` event's data as OpenAI's error object."""
+    return {
+        "message": data.get("message", "Generation failed."),
+        "type": "server_error",
+        "param": None,
+        "code": data.get("code", "generation_failed"),
+    }
 
 
 def status_comment(data: dict[str, Any]) -> bytes:
@@ -83,7 +140,10 @@ def completion_events(completion: Completion, events: list[StreamEvent], *, incl
         if event.type == "status":
             out.append(status_comment(event.data))
         elif event.type == "token":
-            out.append(sse.event(completion.chunk(content=event.data["delta"]), id=event.seq))
+            chunk = completion.chunk(content=event.data["delta"], logprobs=event.data.get("logprobs"))
+            out.append(sse.event(chunk, id=event.seq))
+        elif event.type == "tool_call":
+            out.append(sse.event(completion.chunk(tool_calls=event.data["tool_calls"]), id=event.seq))
         elif event.type == "done":
             reason = openai_finish_reason(event.data["finish_reason"])
             out.append(sse.event(completion.chunk(finish_reason=reason), id=event.seq))
@@ -91,12 +151,6 @@ def completion_events(completion: Completion, events: list[StreamEvent], *, incl
                 out.append(sse.event(completion.usage_chunk(event.data["usage"]), id=event.seq))
             out.append(DONE)
         elif event.type == "error":
-            error = {
-                "message": event.data.get("message", "Generation failed."),
-                "type": "server_error",
-                "param": None,
-                "code": "generation_failed",
-            }
-            out.append(sse.event({"error": error}, id=event.seq))
+            out.append(sse.event({"error": error_of(event.data)}, id=event.seq))
             out.append(DONE)
     return b"".join(out)

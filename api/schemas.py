@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MAX_STOP_SEQUENCES = 4
 MAX_STOP_LENGTH = 100
 MAX_MESSAGES = 1000
+MAX_TOOLS = 128
 # Seeds are 64-bit signed integers (torch's generators take no more); token counts fit a
 # 32-bit column. Values beyond are refused here, naming the field, and never reach the model.
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
@@ -25,15 +26,44 @@ class TextPart(Strict):
     text: str
 
 
+class ToolFunctionCall(Strict):
+    name: str
+    arguments: str
+
+
+class ToolCall(Strict):
+    id: str
+    type: Literal["function"]
+    function: ToolFunctionCall
+
+
 class ChatMessage(Strict):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
     name: str | None = None
+    # A tool round trip: the assistant's calls, and a tool message answering one of them.
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
 
     def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
         return "".join(part.text for part in self.content)
+
+    def as_prompt(self) -> dict[str, Any]:
+        # Chat templates know "system"; OpenAI's newer "developer" role means the same.
+        message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        if self.tool_calls:
+            message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
+
+
+class ResponseFormat(BaseModel):
+    # The JSON schema itself is the model server's to check.
+    model_config = ConfigDict(extra="allow", strict=True)
+    type: Literal["text", "json_object", "json_schema"]
 
 
 class StreamOptions(Strict):
@@ -96,13 +126,36 @@ class CompletionOptions(Strict):
 class ChatCompletionRequest(CompletionOptions):
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)]
     max_completion_tokens: MaxTokens | None = None
+    # Passed on to models served by model servers; the in-process models take them only at
+    # their neutral values (no tools, text, no logprobs).
+    tools: Annotated[list[dict[str, Any]], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
-    def chat(self) -> list[dict[str, str]]:
-        # Chat templates know "system"; OpenAI's newer "developer" role means the same.
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+    def chat(self) -> list[dict[str, Any]]:
+        return [message.as_prompt() for message in self.messages]
+
+    def passthrough(self) -> dict[str, Any]:
+        """The fields to pass on, less those at values that ask for nothing."""
+        fields = {
+            "tools": self.tools or None,
+            "tool_choice": None if self.tool_choice == "none" else self.tool_choice,
+            "parallel_tool_calls": self.parallel_tool_calls if self.tools else None,
+            "response_format": None
+            if self.response_format is None or self.response_format.type == "text"
+            else self.response_format.model_dump(),
+            "logprobs": self.logprobs or None,
+            "top_logprobs": self.top_logprobs or None,
+        }
+        if any(message.role == "tool" or message.tool_calls for message in self.messages):
+            fields["tools"] = fields["tools"] or []  # a tool round trip needs a model that takes tools
+        return {name: value for name, value in fields.items() if value is not None}
 
 
 class CompletionRequest(CompletionOptions):

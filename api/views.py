@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from accounts.models import ApiKey, UsageRecord
 from accounts.services import Quota, account_for, api_key_authenticate, quota_for
-from api.chunks import DONE, Completion, completion_events, openai_finish_reason
+from api.chunks import DONE, Completion, WholeAnswer, completion_events, error_of, openai_finish_reason
 from api.openapi import openapi_document
 from api.schemas import MAX_TOKENS_MAX, ChatCompletionRequest, CompletionOptions, CompletionRequest
 from generation import runtime, sse
@@ -41,8 +41,10 @@ ERROR_TYPES = {
     404: "invalid_request_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
-    503: "server_error",
     500: "server_error",
+    502: "server_error",
+    503: "server_error",
+    504: "server_error",
 }
 
 View = Callable[..., Coroutine[Any, Any, HttpResponseBase]]
@@ -124,7 +126,8 @@ async def models_list(request: HttpRequest, caller: Caller) -> HttpResponseBase:
         {
             "object": "list",
             "data": [
-                {"id": name, "object": "model", "created": 0, "owned_by": "chatsite"} for name in backend().models()
+                {"id": name, "object": "model", "created": 0, "owned_by": "chatsite"}
+                for name in await sync_to_async(backend().models)()
             ],
         }
     )
@@ -216,6 +219,7 @@ async def _complete(
         top_p=body.top_p,
         seed=body.seed,
         stop=body.stop_sequences(),
+        extra=body.passthrough() if isinstance(body, ChatCompletionRequest) else {},
     )
     try:
         started = await sync_to_async(generation_start)(
@@ -245,20 +249,20 @@ async def _complete(
 
 async def _whole_completion(completion: Completion) -> HttpResponseBase:
     store = runtime.stream_store()
-    pieces: list[str] = []
+    answer = WholeAnswer()
     finished = False
     try:
         async for batch in store.read(completion.stream_id):
             for event in batch:  # status events (a wait in the queue) change nothing here
-                if event.type == "token":
-                    pieces.append(event.data["delta"])
-                elif event.type == "done":
+                answer.take(event)
+                if event.type == "done":
                     finished = True
                     reason = openai_finish_reason(event.data["finish_reason"])
-                    return JsonResponse(completion.whole("".join(pieces), reason, event.data["usage"]))
-                elif event.type == "error":
+                    return JsonResponse(completion.whole(answer, reason, event.data["usage"]))
+                if event.type == "error":
                     finished = True
-                    raise ApiError(500, event.data.get("message", "Generation failed."), code="generation_failed")
+                    error = error_of(event.data)
+                    raise ApiError(event.data.get("status_code", 500), error["message"], code=error["code"])
         raise ApiError(500, "The generation ended without a result.", code="generation_failed")
     finally:
         if not finished:  # the client went away (or we failed): don't generate for nobody

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import sys
@@ -11,6 +12,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from inference.registry import UnknownModel, resolve_model
+from inference.upstream import Endpoint, endpoint_from_json
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -69,6 +71,20 @@ def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ImproperlyConfigured(f"{name} must be one of {', '.join(choices)} (got {value!r}).")
     return value
+
+
+def env_upstreams(name: str) -> list[Endpoint]:
+    """A JSON list of model servers, each {"model", "base_url", "upstream_model", ...}."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return []
+    try:
+        entries = json.loads(raw)
+        if not isinstance(entries, list):
+            raise ValueError("a JSON list is expected")
+        return [endpoint_from_json(entry, f"env-{index + 1}") for index, entry in enumerate(entries)]
+    except (ValueError, TypeError) as error:
+        raise ImproperlyConfigured(f"{name}: {error} (see the README's 'Model servers')") from None
 
 
 def env_list(name: str, default: str) -> list[str]:
@@ -243,6 +259,8 @@ GENERATION_SCHEDULER = env_choice("GENERATION_SCHEDULER", "batched", ("batched",
 CHAT_AUTO_TITLE = env_bool("CHAT_AUTO_TITLE", True)
 CHAT_ENABLE_SYNTHETIC = env_bool("CHAT_ENABLE_SYNTHETIC", False)
 CHAT_SYNTHETIC_TOKENS_PER_S = env_float("CHAT_SYNTHETIC_TOKENS_PER_S", 50.0)
+# Model servers (vLLM, TGI, Ollama, ...) behind chatsite; more can be added in the admin.
+CHAT_UPSTREAMS = env_upstreams("CHAT_UPSTREAMS")
 try:
     resolve_model(CHAT_MODEL, synthetic_enabled=CHAT_ENABLE_SYNTHETIC)
 except UnknownModel as error:

@@ -1,4 +1,4 @@
-"""Admin for conversations and messages, and the live generations page (force stop)."""
+"""Admin for conversations and messages, the live generations page (force stop), and model servers."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from django.views.decorators.http import require_GET, require_POST
 from accounts.models import UsageRecord
 from generation import runtime, services
 from generation.backends import backend
-from generation.models import Conversation, Message
+from generation.models import Conversation, Message, UpstreamEndpoint
 
 
 class MessageInline(admin.TabularInline):
@@ -109,3 +109,79 @@ class MessageAdmin(admin.ModelAdmin):
                 messages.WARNING,
             )
         return redirect(f"admin:{self.opts.app_label}_{self.opts.model_name}_live")
+
+
+class UpstreamEndpointForm(forms.ModelForm):
+    """The API key is written, never shown again: left empty, the saved one is kept."""
+
+    api_key = forms.CharField(
+        label="API key",
+        required=False,
+        widget=forms.PasswordInput(render_value=False),
+        help_text="Write-only: leave empty to keep the saved key.",
+    )
+    clear_api_key = forms.BooleanField(label="Remove the saved API key", required=False)
+    base_url = forms.URLField(
+        label="Base URL", max_length=500, assume_scheme="https", help_text="The API root, ending in /v1."
+    )
+
+    class Meta:
+        model = UpstreamEndpoint
+        fields = [
+            "model",
+            "base_url",
+            "upstream_model",
+            "api_key",
+            "max_concurrent",
+            "weight",
+            "connect_timeout_s",
+            "first_token_timeout_s",
+            "read_timeout_s",
+            "context_length",
+            "enabled",
+        ]
+
+    def clean_api_key(self) -> str:
+        typed: str = self.cleaned_data["api_key"]
+        if self.data.get("clear_api_key"):
+            return ""
+        return typed or (self.instance.api_key if self.instance.pk else "")
+
+
+@admin.register(UpstreamEndpoint)
+class UpstreamEndpointAdmin(admin.ModelAdmin):
+    """Model servers; their live state is this web process's view of them."""
+
+    form = UpstreamEndpointForm
+    list_display = ["model", "base_url", "upstream_model", "enabled", "state", "in_flight", "errors", "ttft_ms"]
+    list_filter = ["enabled", "model"]
+    search_fields = ["model", "base_url", "upstream_model"]
+
+    def _live(self, endpoint: UpstreamEndpoint) -> dict[str, Any]:
+        name = endpoint.as_endpoint().name
+        found = next((s for s in backend().upstream.pool.snapshots() if s["name"] == name), None)
+        return found or {}
+
+    @admin.display(description="state")
+    def state(self, endpoint: UpstreamEndpoint) -> str:
+        return str(self._live(endpoint).get("state", "off" if not endpoint.enabled else "not yet used"))
+
+    @admin.display(description="in flight")
+    def in_flight(self, endpoint: UpstreamEndpoint) -> Any:
+        return self._live(endpoint).get("in_flight", 0)
+
+    @admin.display(description="errors")
+    def errors(self, endpoint: UpstreamEndpoint) -> Any:
+        return self._live(endpoint).get("errors", 0)
+
+    @admin.display(description="TTFT (ms)")
+    def ttft_ms(self, endpoint: UpstreamEndpoint) -> Any:
+        return self._live(endpoint).get("ttft_ms") or "—"
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        backend().upstream.refresh(force=True)  # this process at once; the others within seconds
+
+    def delete_model(self, request: HttpRequest, obj: Any) -> None:
+        super().delete_model(request, obj)
+        backend().upstream.refresh(force=True)

@@ -5,6 +5,7 @@ deployment uses, chosen once from GENERATION_BACKEND: nothing else asks which it
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from functools import partial
@@ -18,9 +19,11 @@ from accounts.models import UsageRecord
 from generation import runtime
 from generation.dispatch import QUEUE_PRODUCER, CeleryDispatcher
 from generation.jobs import job_for
+from generation.models import UpstreamEndpoint
 from inference.backend import GenerationBackend, GenerationTask, ModelLoad
 from inference.engine import EngineOverloaded
 from inference.generators import ChatTokenizer, Generator, Prompt, load_chat_tokenizer
+from inference.upstream import PASSTHROUGH_FIELDS, UpstreamPool, estimate_prompt_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +40,9 @@ class InProcessBackend:
 
     def models(self) -> list[str]:
         return runtime.model_names()
+
+    def features(self, model: str) -> frozenset[str]:
+        return frozenset()
 
     def producer(self, model: str) -> str:
         return runtime.local_engine(model).producer
@@ -107,6 +113,9 @@ class CeleryBackend:
     def models(self) -> list[str]:
         return runtime.model_names()
 
+    def features(self, model: str) -> frozenset[str]:
+        return frozenset()
+
     def producer(self, model: str) -> str:
         return QUEUE_PRODUCER  # until a worker claims it (generation/worker.py)
 
@@ -161,16 +170,161 @@ class CeleryBackend:
                 admission.release(model, stream_id)
 
 
-_backend: GenerationBackend | None = None
+class UpstreamBackend:
+    """Generations on model servers of their own (CHAT_UPSTREAMS and the admin's endpoints).
+
+    This process streams them (inference/upstream.py); their tokens go through the stream
+    store like any other, so any web process serves, resumes or stops them. Endpoints
+    saved in the admin are picked up within REFRESH_S.
+    """
+
+    REFRESH_S = 5.0
+
+    def __init__(self) -> None:
+        self.pool = UpstreamPool(runtime.stream_store(), max_queue=settings.GENERATION_MAX_QUEUE)
+        self._refreshed_at = -math.inf
+        self._lock = threading.Lock()
+
+    def refresh(self, *, force: bool = False) -> None:
+        """Serve the endpoints configured now (the environment's and the enabled ones in the admin)."""
+        with self._lock:
+            if not force and time.monotonic() - self._refreshed_at < self.REFRESH_S:
+                return
+            self._refreshed_at = time.monotonic()
+        saved = [row.as_endpoint() for row in UpstreamEndpoint.objects.filter(enabled=True)]
+        self.pool.configure([*settings.CHAT_UPSTREAMS, *saved])
+
+    def models(self) -> list[str]:
+        self.refresh()
+        return self.pool.models()
+
+    def features(self, model: str) -> frozenset[str]:
+        return frozenset(PASSTHROUGH_FIELDS)
+
+    def producer(self, model: str) -> str:
+        return runtime.PRODUCER
+
+    def count_prompt_tokens(self, model: str, prompt: Prompt) -> int:
+        # Model servers keep their tokenizers: an estimate reserves the budget, and the
+        # server's usage report settles it.
+        return estimate_prompt_tokens(prompt)
+
+    def context_length(self, model: str) -> int:
+        lengths = [e.context_length for e in self.pool.endpoints(model) if e.context_length]
+        return min(lengths, default=UNKNOWN_CONTEXT_LENGTH)
+
+    def submit(self, task: GenerationTask) -> str:
+        params = task.params
+        body: dict[str, Any] = {
+            "messages" if isinstance(task.prompt, list) else "prompt": task.prompt,
+            "max_tokens": params.max_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            **({"seed": params.seed} if params.seed is not None else {}),
+            **({"stop": list(params.stop)} if params.stop else {}),
+            # An empty tools list only marks a tool round trip; servers refuse it as a value.
+            **{name: value for name, value in params.extra.items() if value != []},
+        }
+        prompt_tokens = estimate_prompt_tokens(task.prompt)
+        self.pool.submit(job_for(task), model=task.model, prompt_tokens=prompt_tokens, body=body)
+        return task.stream_id
+
+    def cancel(self, stream_id: str) -> bool:
+        return runtime.stream_store().cancel(stream_id)
+
+    def ready(self) -> bool:
+        return True
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        return True
+
+    def not_ready_reason(self) -> str:
+        return ""
+
+    def loads(self) -> list[ModelLoad]:
+        loads = []
+        for model in self.pool.models():
+            active, queued, rows = self.pool.load(model)
+            loads.append(ModelLoad(model, "upstream", True, active, queued, rows, self.pool.generated_tokens))
+        return loads
+
+    def start(self) -> None:
+        self.refresh(force=True)
+
+    def housekeep(self) -> None:
+        """Nothing of its own: a dead process's upstream runs are settled by the reaper."""
+
+
+# A model server's context when it is not configured: it refuses what doesn't fit itself.
+UNKNOWN_CONTEXT_LENGTH = 1_000_000
+
+
+class ModelRouter:
+    """The deployment's backend: each model's requests go where that model is served.
+
+    Models of the upstream endpoints go to them; every other model to this deployment's
+    own backend (in-process or Celery), which also serves the default model."""
+
+    def __init__(self, own: GenerationBackend, upstream: UpstreamBackend) -> None:
+        self.own, self.upstream = own, upstream
+
+    def _for(self, model: str) -> GenerationBackend:
+        return self.upstream if model in self.upstream.models() else self.own
+
+    def models(self) -> list[str]:
+        own = self.own.models()
+        return [*own, *(model for model in self.upstream.models() if model not in own)]
+
+    def features(self, model: str) -> frozenset[str]:
+        return self._for(model).features(model)
+
+    def producer(self, model: str) -> str:
+        return self._for(model).producer(model)
+
+    def count_prompt_tokens(self, model: str, prompt: Prompt) -> int:
+        return self._for(model).count_prompt_tokens(model, prompt)
+
+    def context_length(self, model: str) -> int:
+        return self._for(model).context_length(model)
+
+    def submit(self, task: GenerationTask) -> str:
+        return self._for(task.model).submit(task)
+
+    def cancel(self, stream_id: str) -> bool:
+        return runtime.stream_store().cancel(stream_id)
+
+    def ready(self) -> bool:
+        return self.own.ready()
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        return self.own.wait_ready(timeout)
+
+    def not_ready_reason(self) -> str:
+        return self.own.not_ready_reason()
+
+    def loads(self) -> list[ModelLoad]:
+        return [*self.own.loads(), *self.upstream.loads()]
+
+    def start(self) -> None:
+        self.own.start()
+        self.upstream.start()
+
+    def housekeep(self) -> None:
+        self.own.housekeep()
+
+
+_backend: ModelRouter | None = None
 _backend_lock = threading.Lock()
 
 
-def backend() -> GenerationBackend:
-    """The backend this deployment runs generations on, chosen once from GENERATION_BACKEND."""
+def backend() -> ModelRouter:
+    """The backend this deployment runs generations on, chosen once: GENERATION_BACKEND
+    picks its own (in-process or Celery); the upstream endpoints serve their models."""
     global _backend
     with _backend_lock:
         if _backend is None:
-            _backend = CeleryBackend() if settings.GENERATION_BACKEND == "celery" else InProcessBackend()
+            own = CeleryBackend() if settings.GENERATION_BACKEND == "celery" else InProcessBackend()
+            _backend = ModelRouter(own, UpstreamBackend())
         return _backend
 
 

@@ -27,7 +27,7 @@ def job_for(task: GenerationTask, *, on_done: Callable[[GenerationResult], None]
     """The engine job of a task; `on_done` runs after the result is saved."""
 
     def finish(result: GenerationResult) -> None:
-        usage_finish(stream_id=task.stream_id, **result.outcome_fields())
+        usage_finish(stream_id=task.stream_id, usage_estimated=result.usage_estimated, **result.outcome_fields())
         if task.message_id is not None:
             message_finish(task.message_id, result)
             if result.status == "complete" and settings.CHAT_AUTO_TITLE:

@@ -3,10 +3,12 @@ from __future__ import annotations
 import uuid
 
 from django.conf import settings
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.urls import reverse
 
 from accounts.models import GenerationStatus
+from inference.upstream import Endpoint
 
 
 class Conversation(models.Model):
@@ -74,3 +76,47 @@ class Message(models.Model):
 
     def get_stream_url(self) -> str:
         return reverse("generation:answer_stream", args=[self.stream_id])
+
+
+class UpstreamEndpoint(models.Model):
+    """A model server (vLLM, TGI, Ollama, llama.cpp, any OpenAI-compatible endpoint) that
+    serves a public model name; several endpoints of one name share its requests."""
+
+    model = models.CharField("public model name", max_length=200, help_text="The name clients ask for.")
+    base_url = models.URLField("base URL", max_length=500, help_text="The API root, ending in /v1.")
+    upstream_model = models.CharField(max_length=200, help_text="The name the server knows the model by.")
+    api_key = models.CharField("API key", max_length=500, blank=True)
+    max_concurrent = models.PositiveIntegerField(default=16, validators=[MinValueValidator(1)])
+    weight = models.FloatField(default=1.0, validators=[MinValueValidator(0.01)])
+    connect_timeout_s = models.FloatField(default=5.0, validators=[MinValueValidator(0.1)])
+    first_token_timeout_s = models.FloatField(default=60.0, validators=[MinValueValidator(0.1)])
+    read_timeout_s = models.FloatField(
+        default=60.0, validators=[MinValueValidator(0.1)], help_text="The longest silence between two chunks."
+    )
+    context_length = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Tokens the model holds; empty: the server refuses what doesn't fit."
+    )
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["model", "pk"]
+
+    def __str__(self) -> str:
+        return f"{self.model} @ {self.base_url}"
+
+    def as_endpoint(self) -> Endpoint:
+        return Endpoint(
+            name=f"admin-{self.pk}",
+            model=self.model,
+            base_url=self.base_url,
+            upstream_model=self.upstream_model,
+            api_key=self.api_key,
+            max_concurrent=self.max_concurrent,
+            weight=self.weight,
+            connect_timeout_s=self.connect_timeout_s,
+            first_token_timeout_s=self.first_token_timeout_s,
+            read_timeout_s=self.read_timeout_s,
+            context_length=self.context_length,
+        )

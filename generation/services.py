@@ -83,6 +83,8 @@ def generation_admit(
     runner = backend()
     if model not in runner.models():
         raise UnknownModel(f"The model {model!r} does not exist.")
+    if unsupported := sorted(params.extra.keys() - runner.features(model)):
+        raise InvalidRequest(f"The model {model!r} does not support {unsupported[0]}.", param=unsupported[0])
     limits = account_for(user).limits
     requests = usage_request_count(user=user, limits=limits, requested_max_tokens=requested_max_tokens)
     prompt_tokens = runner.count_prompt_tokens(model, prompt)

@@ -54,6 +54,10 @@ class GenerationBackend(Protocol):
         """The model names it serves; the first is the default."""
         ...
 
+    def features(self, model: str) -> frozenset[str]:
+        """The request fields beyond the common ones that `model` takes (e.g. "tools")."""
+        ...
+
     def producer(self, model: str) -> str:
         """Who the ledger records as generating a run of `model` admitted now."""
         ...

@@ -14,7 +14,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -22,7 +22,7 @@ from inference.registry import ModelSpec
 
 logger = logging.getLogger(__name__)
 
-Messages = list[dict[str, str]]
+Messages = list[dict[str, Any]]
 # A chat (rendered with the model's chat template) or a raw text prompt.
 Prompt = Messages | str
 
@@ -34,6 +34,8 @@ class GenerationParams:
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    # Request fields only some backends take (tools, response_format, ...), passed on as given.
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -247,4 +247,7 @@ def coalesced(events: Iterable[StreamEvent]) -> Iterator[StreamEvent]:
 
 
 def _merged(run: list[StreamEvent]) -> StreamEvent:
-    return StreamEvent(seq=run[-1].seq, type="token", data={"delta": "".join(e.data["delta"] for e in run)})
+    data: dict[str, Any] = {"delta": "".join(e.data["delta"] for e in run)}
+    if logprobs := [entry for e in run for entry in e.data.get("logprobs", ())]:
+        data["logprobs"] = logprobs
+    return StreamEvent(seq=run[-1].seq, type="token", data=data)

@@ -122,7 +122,8 @@ def test_generation_start_under_celery_records_the_queue_as_producer(
 ):
     settings.CHAT_MODEL = "synthetic"
     settings.CHAT_ENABLE_SYNTHETIC = True
-    monkeypatch.setattr(backends, "_backend", backends.CeleryBackend({"synthetic": dispatcher}))
+    celery = backends.CeleryBackend({"synthetic": dispatcher})
+    monkeypatch.setattr(backends, "_backend", backends.ModelRouter(celery, backends.UpstreamBackend()))
 
     with transaction.atomic():
         started = services.generation_start(
@@ -302,7 +303,9 @@ def test_reaping_asks_about_the_worker_that_claimed_a_run_the_ledger_still_has_q
 
 def test_reaping_gives_back_admission_places_of_runs_that_ended(alice, admission, stream_store, monkeypatch):
     monkeypatch.setattr(runtime, "_admission", admission)
-    monkeypatch.setattr(backends, "_backend", backends.CeleryBackend())
+    monkeypatch.setattr(
+        backends, "_backend", backends.ModelRouter(backends.CeleryBackend(), backends.UpstreamBackend())
+    )
     UsageRecord.objects.create(user=alice, channel="api", model="m", stream_id="ended", status="complete")
     UsageRecord.objects.create(user=alice, channel="api", model="m", stream_id="running", producer=runtime.PRODUCER)
     admission.register("m", "w", rows=8, ttl_s=30)

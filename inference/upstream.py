@@ -1,0 +1,602 @@
+"""Generations on OpenAI-compatible model servers: vLLM, TGI, Ollama, llama.cpp,
+`transformers serve`, another chatsite.
+
+An `UpstreamPool` streams each generation from one of its model's endpoints and appends
+the same numbered events to the stream store as the engine does (`status` while it
+waits, `token`, `tool_call`, then one `done` or `error`), calling the job's save
+callbacks first, so that readers, resume, Stop and the ledger never know where it ran.
+
+- Routing: the endpoint with the fewest outstanding requests per unit of weight, under
+  its `max_concurrent`; when every endpoint is full the request waits in order (told its
+  place), up to `max_queue` waiting; with no endpoint available at all it is refused.
+- Failures: a failure before the first token (refused connection, 5xx, timeout) fails
+  over to another endpoint, unseen by the client; after it, the stream ends with an
+  `error` event and the text so far is kept. `failure_threshold` consecutive failures
+  open an endpoint's circuit for `open_s`; then one request probes it (half-open).
+- Health: every `health_interval_s` each endpoint's `/models` is asked; one that does
+  not answer is skipped until it does.
+- Stop: one look at the store's cancel flags every `cancel_poll_s` for all running
+  generations; a cancelled one closes its HTTP request, so the server aborts it.
+
+Everything runs on one asyncio loop in a thread of its own, with one kept connection
+pool (httpx). No Django imports here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from inference.engine import EngineOverloaded, GenerationResult, Job
+from inference.generators import Prompt
+from inference.streams import StreamStore
+
+logger = logging.getLogger(__name__)
+
+# What an upstream model can do that the in-process engine cannot: request fields passed through.
+PASSTHROUGH_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "response_format", "logprobs", "top_logprobs")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One model server serving one public model name."""
+
+    name: str  # unique: shown in the admin and metrics
+    model: str  # the public model name clients ask for
+    base_url: str  # ends with /v1
+    upstream_model: str  # the name the server knows it by
+    api_key: str = field(default="", repr=False)
+    max_concurrent: int = 16
+    weight: float = 1.0
+    connect_timeout_s: float = 5.0
+    first_token_timeout_s: float = 60.0
+    read_timeout_s: float = 60.0  # the longest silence between two chunks
+    context_length: int | None = None  # None: unknown, the server refuses what doesn't fit
+
+
+def endpoint_from_json(data: Any, name: str) -> Endpoint:
+    """An Endpoint from a JSON object (CHAT_UPSTREAMS); ValueError naming what is wrong."""
+    if not isinstance(data, dict):
+        raise ValueError("each upstream is a JSON object")
+    required = {"model", "base_url", "upstream_model"}
+    known = required | {f for f in Endpoint.__dataclass_fields__ if f != "name"}
+    if missing := required - data.keys():
+        raise ValueError(f"an upstream needs {', '.join(sorted(missing))}")
+    if unknown := data.keys() - known:
+        raise ValueError(f"unknown upstream fields: {', '.join(sorted(unknown))}")
+    if not str(data["base_url"]).startswith(("http://", "https://")):
+        raise ValueError(f"base_url must be an http(s) URL, not {data['base_url']!r}")
+    endpoint = Endpoint(name=name, **data)
+    if endpoint.max_concurrent < 1 or endpoint.weight <= 0:
+        raise ValueError("max_concurrent must be at least 1 and weight above 0")
+    return endpoint
+
+
+class NoEndpointAvailable(EngineOverloaded):
+    """No endpoint of the model can take a request now (down, circuit open, or none)."""
+
+
+class UpstreamFailed(Exception):
+    """An endpoint failed a request; `before_first_token`: another one may take it."""
+
+    def __init__(self, message: str, *, status: int = 502, code: str = "upstream_error", retry: bool = True) -> None:
+        super().__init__(message)
+        self.status, self.code, self.retry = status, code, retry
+
+
+class Circuit:
+    """Closed until `threshold` consecutive failures; then open for `open_s`; then one probe."""
+
+    def __init__(self, threshold: int, open_s: float) -> None:
+        self.threshold, self.open_s = threshold, open_s
+        self.failures = 0
+        self.opened_at: float | None = None
+        self.probing = False
+
+    @property
+    def state(self) -> str:
+        if self.opened_at is None:
+            return "closed"
+        return "half-open" if self.probing or time.monotonic() >= self.opened_at + self.open_s else "open"
+
+    def allows(self) -> bool:
+        if self.opened_at is None:
+            return True
+        return not self.probing and time.monotonic() >= self.opened_at + self.open_s
+
+    def taken(self) -> None:
+        """A request goes to this endpoint; past an open circuit's wait, it is the one probe."""
+        if self.opened_at is not None:
+            self.probing = True
+
+    def succeeded(self) -> None:
+        self.failures, self.opened_at, self.probing = 0, None, False
+
+    def failed(self) -> None:
+        self.failures += 1
+        if self.probing or self.failures >= self.threshold:
+            self.opened_at, self.probing = time.monotonic(), False
+
+
+@dataclass
+class EndpointState:
+    endpoint: Endpoint
+    circuit: Circuit
+    outstanding: int = 0
+    healthy: bool = True
+    requests: int = 0
+    errors: int = 0
+    ttft_s: float | None = None  # moving average of the time to first token
+
+    @property
+    def state(self) -> str:
+        if self.circuit.state != "closed":
+            return f"circuit {self.circuit.state}"
+        return "up" if self.healthy else "down"
+
+    def available(self) -> bool:
+        return self.healthy and self.circuit.allows()
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "name": self.endpoint.name,
+            "model": self.endpoint.model,
+            "base_url": self.endpoint.base_url,
+            "state": self.state,
+            "in_flight": self.outstanding,
+            "max_concurrent": self.endpoint.max_concurrent,
+            "requests": self.requests,
+            "errors": self.errors,
+            "ttft_ms": None if self.ttft_s is None else round(self.ttft_s * 1000, 1),
+        }
+
+
+def estimate_tokens(text: str) -> int:
+    """Tokens in a text when no tokenizer is known: about four characters each."""
+    return math.ceil(len(text) / 4)
+
+
+def estimate_prompt_tokens(prompt: Prompt) -> int:
+    if isinstance(prompt, str):
+        return estimate_tokens(prompt)
+    return sum(estimate_tokens(message["content"]) + 4 for message in prompt)  # + the role's markers
+
+
+@dataclass
+class _Run:
+    job: Job
+    model: str
+    prompt_tokens: int  # as counted at admission, for when the server reports no usage
+    task: asyncio.Task[None] | None = None
+    cancelled: bool = False
+    pieces: list[str] = field(default_factory=list)
+    first_token_at: float | None = None
+    last_progress: float = field(default_factory=time.monotonic)
+    usage: dict[str, int] | None = None
+    finish_reason: str = "stop"
+
+
+class UpstreamPool:
+    def __init__(
+        self,
+        store: StreamStore,
+        *,
+        max_queue: int = 64,
+        failure_threshold: int = 3,
+        open_s: float = 30.0,
+        health_interval_s: float = 10.0,
+        cancel_poll_s: float = 0.05,
+        progress_interval_s: float = 2.0,
+    ) -> None:
+        self.store = store
+        self.max_queue = max_queue
+        self.failure_threshold, self.open_s = failure_threshold, open_s
+        self.health_interval_s = health_interval_s
+        self.cancel_poll_s = cancel_poll_s
+        self.progress_interval_s = progress_interval_s
+        self._lock = threading.Lock()
+        self._states: dict[str, EndpointState] = {}  # by endpoint name
+        self._waiting: dict[str, deque[_Run]] = {}  # by model
+        self._runs: dict[str, _Run] = {}  # running or waiting, by stream id
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._client: httpx.AsyncClient | None = None
+        self._room: asyncio.Condition | None = None
+        self._background: list[asyncio.Task[None]] = []
+        # Saves and terminal events in order, off the loop: a slow database never stalls streams.
+        self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chatsite-upstream-finish")
+        self.generated_tokens = 0
+
+    # -- configuration, from any thread ------------------------------------------------
+
+    def configure(self, endpoints: list[Endpoint]) -> None:
+        """Serve exactly these endpoints; an unchanged one keeps its state and requests."""
+        with self._lock:
+            states = {}
+            for endpoint in endpoints:
+                kept = self._states.get(endpoint.name)
+                if kept is not None and kept.endpoint == endpoint:
+                    states[endpoint.name] = kept
+                else:
+                    state = EndpointState(endpoint, Circuit(self.failure_threshold, self.open_s))
+                    if kept is not None:  # changed settings; its requests still count against it
+                        state.outstanding = kept.outstanding
+                    states[endpoint.name] = state
+            self._states = states
+        self._wake()
+
+    def models(self) -> list[str]:
+        with self._lock:
+            return sorted({state.endpoint.model for state in self._states.values()})
+
+    def endpoints(self, model: str) -> list[Endpoint]:
+        with self._lock:
+            return [state.endpoint for state in self._states.values() if state.endpoint.model == model]
+
+    def snapshots(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [state.snapshot() for state in sorted(self._states.values(), key=lambda s: s.endpoint.name)]
+
+    def load(self, model: str) -> tuple[int, int, int]:
+        """(requests running, waiting, rows the endpoints take at once) for `model`."""
+        with self._lock:
+            states = [s for s in self._states.values() if s.endpoint.model == model]
+            waiting = len(self._waiting.get(model, ()))
+            return sum(s.outstanding for s in states), waiting, sum(s.endpoint.max_concurrent for s in states)
+
+    # -- submitting, from request threads ------------------------------------------------
+
+    def submit(self, job: Job, *, model: str, prompt_tokens: int, body: dict[str, Any]) -> None:
+        """Start streaming `body` (an OpenAI request without model and stream fields) from
+        one of `model`'s endpoints. Raises NoEndpointAvailable, or EngineOverloaded when
+        `max_queue` requests already wait for room."""
+        with self._lock:
+            states = [s for s in self._states.values() if s.endpoint.model == model and s.available()]
+            if not states:
+                raise NoEndpointAvailable(f"no endpoint of {model!r} is available")
+            waiting = len(self._waiting.get(model, ()))
+            room = any(s.outstanding < s.endpoint.max_concurrent for s in states)
+            if not room and waiting >= self.max_queue:
+                raise EngineOverloaded(f"{waiting} requests already wait for {model!r}")
+            run = _Run(job, model, prompt_tokens)
+            self._runs[job.stream_id] = run
+        self.store.create(job.stream_id)
+        loop = self._started_loop()
+        asyncio.run_coroutine_threadsafe(self._start(run, body), loop)
+
+    def _started_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                ready = threading.Event()
+                thread = threading.Thread(target=self._serve, args=(ready,), name="chatsite-upstream", daemon=True)
+                thread.start()
+                ready.wait()
+            assert self._loop is not None
+            return self._loop
+
+    def _serve(self, ready: threading.Event) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        self._loop = loop
+        self._client = httpx.AsyncClient(limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
+        self._room = asyncio.Condition()
+        self._background = [loop.create_task(self._poll_cancels()), loop.create_task(self._check_health())]
+        ready.set()
+        loop.run_forever()
+
+    def _wake(self) -> None:
+        """Let waiting requests look again for room (from any thread)."""
+        if self._loop is not None:
+            asyncio.run_coroutine_threadsafe(self._notify(), self._loop)
+
+    async def _notify(self) -> None:
+        assert self._room is not None
+        async with self._room:
+            self._room.notify_all()
+
+    # -- one generation, on the loop -----------------------------------------------------
+
+    async def _start(self, run: _Run, body: dict[str, Any]) -> None:
+        run.task = asyncio.current_task()
+        tried: set[str] = set()
+        failure: UpstreamFailed | None = None
+        try:
+            while True:
+                state = await self._acquire(run, tried)
+                if state is None:
+                    failure = failure or UpstreamFailed(
+                        f"No endpoint of {run.model!r} is available.", status=503, code="server_overloaded"
+                    )
+                    break
+                tried.add(state.endpoint.name)
+                try:
+                    await self._stream(run, state, body)
+                    failure = None
+                    break
+                except UpstreamFailed as error:
+                    failure = error
+                    if run.first_token_at is not None or not error.retry:
+                        break  # the client has seen tokens: no quiet retry any more
+                    logger.warning(
+                        "Upstream %s failed before the first token (%s); failing over", state.endpoint.name, error
+                    )
+                finally:
+                    await self._release(state)
+        except asyncio.CancelledError:
+            if not run.cancelled:
+                raise
+            run.finish_reason = "cancelled"
+        self._finish(run, failure)
+
+    async def _acquire(self, run: _Run, tried: set[str]) -> EndpointState | None:
+        """The endpoint to try next, waiting in line while all are full; None if none is left."""
+        assert self._room is not None
+        told: int | None = None
+        async with self._room:
+            while True:
+                with self._lock:
+                    candidates = [
+                        s
+                        for s in self._states.values()
+                        if s.endpoint.model == run.model and s.endpoint.name not in tried and s.available()
+                    ]
+                    if not candidates:
+                        self._leave_line(run)
+                        return None
+                    line = self._waiting.setdefault(run.model, deque())
+                    free = [s for s in candidates if s.outstanding < s.endpoint.max_concurrent]
+                    if free and (not line or line[0] is run):
+                        chosen = min(free, key=lambda s: (s.outstanding + 1) / s.endpoint.weight)
+                        chosen.outstanding += 1
+                        chosen.requests += 1
+                        chosen.circuit.taken()
+                        self._leave_line(run)
+                        news = told is not None
+                    else:
+                        if run not in line:
+                            line.append(run)
+                        ahead = line.index(run)
+                        chosen, news = None, False
+                if chosen is not None:
+                    if news:
+                        self._append(run.job.stream_id, "status", {"state": "running"})
+                    return chosen
+                if ahead != told:
+                    told = ahead
+                    self._append(run.job.stream_id, "status", {"state": "queued", "ahead": ahead})
+                await self._room.wait()
+
+    def _leave_line(self, run: _Run) -> None:
+        line = self._waiting.get(run.model)
+        if line is not None and run in line:
+            line.remove(run)
+
+    async def _release(self, state: EndpointState) -> None:
+        with self._lock:
+            state.outstanding -= 1
+        await self._notify()
+
+    async def _stream(self, run: _Run, state: EndpointState, body: dict[str, Any]) -> None:
+        """Stream one attempt; UpstreamFailed when the endpoint fails it."""
+        endpoint = state.endpoint
+        chat = "messages" in body
+        url = f"{endpoint.base_url.rstrip('/')}/{'chat/completions' if chat else 'completions'}"
+        request = {
+            **body,
+            "model": endpoint.upstream_model,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
+        timeout = httpx.Timeout(endpoint.read_timeout_s, connect=endpoint.connect_timeout_s)
+        assert self._client is not None
+        started = time.monotonic()
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                async with asyncio.timeout(endpoint.first_token_timeout_s) as first_token:
+                    response = await stack.enter_async_context(
+                        self._client.stream("POST", url, json=request, headers=headers, timeout=timeout)
+                    )
+                    if response.status_code >= 400:
+                        raise await self._refusal(response)
+                    chunks = _chunks(response)
+                    async for chunk in chunks:
+                        if self._take(run, chunk, chat):
+                            break  # the first token: from now on only the read timeout applies
+                    first_token.reschedule(None)
+                self._note_success(state, time.monotonic() - started)
+                async for chunk in chunks:
+                    self._take(run, chunk, chat)
+        except TimeoutError:
+            self._note_failure(state)
+            if run.first_token_at is None:
+                raise UpstreamFailed(
+                    f"The model server gave no first token within {endpoint.first_token_timeout_s:g} s.",
+                    status=504,
+                    code="upstream_timeout",
+                ) from None
+            raise UpstreamFailed("The model server went silent mid-answer.", code="upstream_timeout") from None
+        except httpx.HTTPError as error:
+            self._note_failure(state)
+            raise UpstreamFailed(f"The model server failed: {type(error).__name__}.") from None
+        except UpstreamFailed as error:
+            if error.retry:  # a refusal of this request is no fault of the endpoint's
+                self._note_failure(state)
+            raise
+
+    async def _refusal(self, response: httpx.Response) -> UpstreamFailed:
+        """The server's own error: a 4xx is the request's fault (no retry elsewhere)."""
+        await response.aread()
+        try:
+            message = response.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = response.text[:300] or response.reason_phrase
+        if response.status_code < 500 and response.status_code != 429:
+            return UpstreamFailed(
+                f"The model server refused: {message}", status=400, code="upstream_refused", retry=False
+            )
+        return UpstreamFailed(f"The model server failed ({response.status_code}): {message}")
+
+    def _take(self, run: _Run, chunk: dict[str, Any], chat: bool) -> bool:
+        """Publish one upstream chunk; whether it carried the first token."""
+        if "error" in chunk:
+            message = chunk["error"].get("message", "error") if isinstance(chunk["error"], dict) else chunk["error"]
+            raise UpstreamFailed(f"The model server failed mid-answer: {message}")
+        if chunk.get("usage"):
+            run.usage = chunk["usage"]
+        first = False
+        for choice in chunk.get("choices") or []:
+            delta = (choice.get("delta") or {}) if chat else {"content": choice.get("text")}
+            text = delta.get("content") or ""
+            logprobs = (choice.get("logprobs") or {}).get("content")
+            if text or logprobs:
+                data: dict[str, Any] = {"delta": text}
+                if logprobs:
+                    data["logprobs"] = logprobs
+                self._append(run.job.stream_id, "token", data)
+                run.pieces.append(text)
+                first = True
+            if delta.get("tool_calls"):
+                self._append(run.job.stream_id, "tool_call", {"tool_calls": delta["tool_calls"]})
+                first = True
+            if choice.get("finish_reason"):
+                run.finish_reason = choice["finish_reason"]
+        now = time.monotonic()
+        if first and run.first_token_at is None:
+            run.first_token_at = now
+        if run.job.on_progress and run.pieces and now - run.last_progress >= self.progress_interval_s:
+            run.last_progress = now
+            self._finisher.submit(_call_safely, run.job.on_progress, "".join(run.pieces))
+        return first
+
+    def _note_success(self, state: EndpointState, ttft_s: float) -> None:
+        with self._lock:
+            state.circuit.succeeded()
+            state.ttft_s = ttft_s if state.ttft_s is None else 0.8 * state.ttft_s + 0.2 * ttft_s
+
+    def _note_failure(self, state: EndpointState) -> None:
+        with self._lock:
+            state.errors += 1
+            state.circuit.failed()
+
+    def _finish(self, run: _Run, failure: UpstreamFailed | None) -> None:
+        with self._lock:
+            self._runs.pop(run.job.stream_id, None)
+            self._leave_line(run)
+        text = "".join(run.pieces)
+        usage = run.usage or {}
+        estimated = not usage
+        prompt_tokens = int(usage.get("prompt_tokens", run.prompt_tokens))
+        completion_tokens = int(usage.get("completion_tokens", estimate_tokens(text)))
+        started = run.job.submitted_at
+        if failure is not None:
+            status, finish_reason, error = "error", "error", str(failure)
+        elif run.finish_reason == "cancelled":
+            status, finish_reason, error = "stopped", "cancelled", ""
+        else:
+            status, finish_reason, error = "complete", run.finish_reason, ""
+        result = GenerationResult(
+            text=text,
+            status=status,
+            finish_reason=finish_reason,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            ttft_s=None if run.first_token_at is None else run.first_token_at - started,
+            duration_s=time.monotonic() - started,
+            error=error,
+            usage_estimated=estimated,
+        )
+        self._finisher.submit(self._end, run.job, result, failure)
+
+    def _end(self, job: Job, result: GenerationResult, failure: UpstreamFailed | None) -> None:
+        """Save, then publish the terminal event (so a reader that sees it finds the save)."""
+        if job.on_finish:
+            _call_safely(job.on_finish, result)
+        self.generated_tokens += result.completion_tokens
+        summary = {**result.summary(), "usage_estimated": result.usage_estimated}
+        if failure is not None:
+            data = {"message": result.error, "status_code": failure.status, "code": failure.code, **summary}
+            self._append(job.stream_id, "error", data)
+        else:
+            self._append(job.stream_id, "done", summary)
+
+    def _append(self, stream_id: str, type: str, data: dict[str, Any]) -> None:
+        try:
+            self.store.append(stream_id, type, data)
+        except Exception:  # e.g. Redis unreachable, or a stream ended from outside: the pool lives on
+            logger.exception("Could not publish %s to stream %s", type, stream_id)
+
+    # -- background tasks ----------------------------------------------------------------
+
+    async def _poll_cancels(self) -> None:
+        """One look at the cancel flags of every running generation per period."""
+        while True:
+            await asyncio.sleep(self.cancel_poll_s)
+            with self._lock:
+                runs = dict(self._runs)
+            if not runs:
+                continue
+            try:
+                cancelled = await asyncio.to_thread(self.store.cancelled_among, list(runs))
+            except Exception:
+                logger.exception("Could not read the cancel flags; looking again shortly")
+                continue
+            for stream_id in cancelled:
+                run = runs[stream_id]
+                if not run.cancelled and run.task is not None:
+                    run.cancelled = True
+                    run.task.cancel()  # closes its HTTP request: the server stops generating
+
+    async def _check_health(self) -> None:
+        assert self._client is not None
+        while True:
+            with self._lock:
+                states = list(self._states.values())
+            for state in states:
+                endpoint = state.endpoint
+                headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
+                try:
+                    response = await self._client.get(
+                        f"{endpoint.base_url.rstrip('/')}/models", headers=headers, timeout=endpoint.connect_timeout_s
+                    )
+                    healthy = response.status_code < 500
+                except httpx.HTTPError:
+                    healthy = False
+                with self._lock:
+                    if state.healthy != healthy:
+                        logger.warning("Upstream %s is %s", endpoint.name, "up" if healthy else "down")
+                    state.healthy = healthy
+            await self._notify()
+            await asyncio.sleep(self.health_interval_s)
+
+
+async def _chunks(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    """The JSON chunks of an OpenAI-style event stream, until `data: [DONE]`."""
+    async for line in response.aiter_lines():
+        if not line.startswith("data:"):
+            continue  # comments, ids, blank lines
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        try:
+            yield json.loads(data)
+        except ValueError:
+            raise UpstreamFailed("The model server sent a chunk that is not JSON.") from None
+
+
+def _call_safely(callback: Callable[[Any], None], argument: Any) -> None:
+    try:
+        callback(argument)
+    except Exception:
+        logger.exception("Upstream generation callback %r failed", callback)

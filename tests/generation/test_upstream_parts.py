@@ -1,0 +1,159 @@
+"""The upstream backend's parts, one at a time; the real servers are in tests/test_upstream.py."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.urls import reverse
+
+from accounts.models import UsageRecord
+from accounts.services import api_key_create
+from api.chunks import Completion, WholeAnswer, completion_events
+from generation.models import UpstreamEndpoint
+from inference.streams import StreamEvent
+from inference.upstream import Circuit, endpoint_from_json
+from tests.generation.test_api import CHAT, assert_error, post
+
+ENDPOINT = {"model": "remote", "base_url": "http://127.0.0.1:9/v1", "upstream_model": "m"}
+
+
+@pytest.fixture
+def alice_key(alice) -> str:
+    return api_key_create(user=alice, name="test")[1]
+
+
+def test_an_upstream_from_json_needs_its_fields_and_knows_no_others():
+    assert endpoint_from_json({**ENDPOINT, "max_concurrent": 2}, "env-1").max_concurrent == 2
+    for wrong, says in (
+        ({"model": "remote"}, "needs base_url, upstream_model"),
+        ({**ENDPOINT, "colour": "red"}, "unknown upstream fields: colour"),
+        ({**ENDPOINT, "base_url": "ftp://x"}, "http(s) URL"),
+        ({**ENDPOINT, "max_concurrent": 0}, "at least 1"),
+        ([ENDPOINT], "a JSON object"),
+    ):
+        with pytest.raises(ValueError, match=says.replace("(", r"\(").replace(")", r"\)")):
+            endpoint_from_json(wrong, "env-1")
+
+
+def test_bad_chat_upstreams_fail_at_start_naming_the_variable(monkeypatch):
+    from chatsite.settings import env_upstreams
+
+    monkeypatch.setenv("CHAT_UPSTREAMS", json.dumps([{"model": "remote"}]))
+    with pytest.raises(ImproperlyConfigured, match="CHAT_UPSTREAMS: an upstream needs base_url"):
+        env_upstreams("CHAT_UPSTREAMS")
+    monkeypatch.setenv("CHAT_UPSTREAMS", "{not json")
+    with pytest.raises(ImproperlyConfigured, match="CHAT_UPSTREAMS"):
+        env_upstreams("CHAT_UPSTREAMS")
+    monkeypatch.setenv("CHAT_UPSTREAMS", json.dumps([ENDPOINT]))
+    assert [endpoint.name for endpoint in env_upstreams("CHAT_UPSTREAMS")] == ["env-1"]
+
+
+def test_a_circuit_opens_after_consecutive_failures_then_lets_one_probe_through():
+    circuit = Circuit(threshold=3, open_s=0.1)
+    for _ in range(2):
+        circuit.failed()
+    circuit.succeeded()  # a success starts the count again
+    for _ in range(3):
+        assert circuit.allows()
+        circuit.failed()
+    assert circuit.state == "open" and not circuit.allows()
+
+    time.sleep(0.12)
+    assert circuit.allows()
+    circuit.taken()  # the probe
+    assert circuit.state == "half-open" and not circuit.allows()
+    circuit.failed()  # the probe failed: open again
+    assert circuit.state == "open"
+
+    time.sleep(0.12)
+    circuit.taken()
+    circuit.succeeded()
+    assert circuit.state == "closed" and circuit.allows()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("tools", [{"type": "function", "function": {"name": "now", "parameters": {}}}]),
+        ("response_format", {"type": "json_object"}),
+        ("logprobs", True),
+        ("tool_choice", "required"),
+    ],
+)
+def test_the_in_process_models_refuse_what_only_model_servers_do_naming_the_field(
+    alice, alice_key, fast_engine, field, value
+):
+    error = assert_error(post("/v1/chat/completions", {**CHAT, field: value}, alice_key), 400, None, field)
+    assert "does not support" in error["message"]
+    assert not UsageRecord.objects.filter(user=alice).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_in_process_models_take_those_fields_at_their_neutral_values(alice_key, fast_engine):
+    neutral = {"logprobs": False, "response_format": {"type": "text"}, "tool_choice": "none", "tools": []}
+    assert post("/v1/chat/completions", {**CHAT, **neutral, "max_tokens": 2}, alice_key).status_code == 200
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_tool_round_trip_needs_a_model_that_takes_tools(alice_key, fast_engine):
+    messages = [
+        {"role": "user", "content": "What time is it?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "now", "arguments": "{}"}}],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "12:00"},
+    ]
+    assert_error(post("/v1/chat/completions", {**CHAT, "messages": messages}, alice_key), 400, None, "tools")
+
+
+def tool_call_events() -> list[StreamEvent]:
+    call = {"index": 0, "id": "c1", "type": "function", "function": {"name": "now", "arguments": '{"tz":'}}
+    return [
+        StreamEvent(1, "tool_call", {"tool_calls": [call]}),
+        StreamEvent(2, "tool_call", {"tool_calls": [{"index": 0, "function": {"arguments": '"UTC"}'}}]}),
+        StreamEvent(3, "token", {"delta": "", "logprobs": [{"token": "x", "logprob": -0.5}]}),
+        StreamEvent(4, "done", {"finish_reason": "tool_calls", "usage": {"prompt_tokens": 3, "completion_tokens": 2}}),
+    ]
+
+
+def test_tool_call_deltas_stream_as_openai_chunks_and_gather_into_one_call():
+    completion = Completion(kind="chat", stream_id="s", model="remote", created=0)
+    body = completion_events(completion, tool_call_events(), include_usage=False).decode()
+    chunks = [json.loads(line[6:]) for line in body.splitlines() if line.startswith("data: {")]
+    assert chunks[0]["choices"][0]["delta"]["tool_calls"][0]["function"]["name"] == "now"
+    assert chunks[2]["choices"][0]["logprobs"] == {"content": [{"token": "x", "logprob": -0.5}]}
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+    answer = WholeAnswer()
+    for event in tool_call_events():
+        answer.take(event)
+    whole = completion.whole(answer, "tool_calls", {"prompt_tokens": 3, "completion_tokens": 2})
+    message = whole["choices"][0]["message"]
+    assert message["content"] is None
+    assert message["tool_calls"] == [
+        {"id": "c1", "type": "function", "function": {"name": "now", "arguments": '{"tz":"UTC"}'}}
+    ]
+
+
+@pytest.mark.django_db
+def test_an_endpoints_api_key_is_written_in_the_admin_and_never_shown_again(admin_client):
+    endpoint = UpstreamEndpoint.objects.create(**{**ENDPOINT, "api_key": "sk-secret-123"})
+    url = reverse("admin:generation_upstreamendpoint_change", args=[endpoint.pk])
+
+    page = admin_client.get(url).content.decode()
+    assert "sk-secret-123" not in page
+
+    form = {**ENDPOINT, "api_key": "", "max_concurrent": 4, "weight": 1, "connect_timeout_s": 5}
+    form |= {"first_token_timeout_s": 60, "read_timeout_s": 60, "enabled": "on"}
+    assert admin_client.post(url, form).status_code == 302
+    endpoint.refresh_from_db()
+    assert endpoint.api_key == "sk-secret-123" and endpoint.max_concurrent == 4  # empty keeps the saved key
+    admin_client.post(url, {**form, "clear_api_key": "on"})
+    endpoint.refresh_from_db()
+    assert endpoint.api_key == ""

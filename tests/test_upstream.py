@@ -1,0 +1,290 @@
+"""Model servers behind chatsite (the upstream backend), with real processes on both sides.
+
+The upstreams are real OpenAI-compatible servers: other chatsite processes serving the
+synthetic model, `transformers serve` with the packaged model, and a server that never
+answers. chatsite in front of them is a real daphne process too.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+
+import httpx
+import openai
+import pytest
+
+from tests.livesite import ROOT, LiveSite
+from tests.upstreams import SilentServer, TransformersServe
+
+SYNTHETIC = {"CHAT_ENABLE_SYNTHETIC": "1", "CHAT_MODEL": "synthetic"}
+CHAT = [{"role": "user", "content": "Tell me about streams."}]
+UNLIMITED_KEY = """
+from django.contrib.auth.models import User
+from accounts.models import Account
+from accounts.services import account_for, api_key_create
+user = User.objects.create_user("client-" + __import__("uuid").uuid4().hex[:8])
+Account.objects.filter(pk=account_for(user).pk).update(
+    requests_per_minute=10**6, max_concurrent_streams=10**6, tokens_per_day=10**9, max_tokens_per_request=10**6
+)
+print(api_key_create(user=user, name="test")[1])
+"""
+
+
+def api_key(site: LiveSite) -> str:
+    """A key of a user whose plan lets every test's load through."""
+    output = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", UNLIMITED_KEY],
+        cwd=ROOT,
+        env=site.env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return output.strip().splitlines()[-1]
+
+
+class Upstream:
+    """A chatsite process serving the synthetic model, as a model server."""
+
+    def __init__(self, tokens_per_s: int = 50) -> None:
+        self.site = LiveSite(env={**SYNTHETIC, "CHAT_SYNTHETIC_TOKENS_PER_S": str(tokens_per_s)})
+
+    def __enter__(self) -> Upstream:
+        self.site.__enter__()
+        self.key = api_key(self.site)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.site.__exit__(*exc)
+
+    def endpoint(self, model: str = "remote", **settings: object) -> dict[str, object]:
+        return {
+            "model": model,
+            "base_url": f"{self.site.base_url}/v1",
+            "upstream_model": "synthetic",
+            "api_key": self.key,
+            **settings,
+        }
+
+    def active_generations(self) -> float:
+        metrics = httpx.get(f"{self.site.base_url}/metrics").text
+        return sum(float(value) for value in re.findall(r"^chatsite_active_generations\{[^}]*\} (\S+)", metrics, re.M))
+
+
+@contextmanager
+def front(*endpoints: dict[str, object]) -> Iterator[tuple[LiveSite, openai.OpenAI]]:
+    """chatsite serving these endpoints' models, and an openai client of it."""
+    with LiveSite(env={**SYNTHETIC, "CHAT_UPSTREAMS": json.dumps(endpoints)}) as site:
+        yield site, openai.OpenAI(base_url=f"{site.base_url}/v1", api_key=api_key(site), max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[Upstream]:
+    with Upstream() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def second_upstream() -> Iterator[Upstream]:
+    with Upstream() as server:
+        yield server
+
+
+def text_of(chunks: list) -> str:
+    return "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+
+
+def raw_stream(site: LiveSite, key: str, body: dict, *, after: int | None = None) -> Iterator[str]:
+    """The lines of a streamed completion, as they come."""
+    url = f"{site.base_url}/v1/chat/completions"
+    with httpx.stream("POST", url, json={**body, "stream": True}, headers={"Authorization": f"Bearer {key}"}) as r:
+        assert r.status_code == 200, r.read()
+        yield from r.iter_lines()
+
+
+def test_an_upstream_model_streams_and_answers_whole_through_the_openai_client(upstream):
+    with front(upstream.endpoint()) as (_, client):
+        assert "remote" in [model.id for model in client.models.list()]
+
+        stream = client.chat.completions.create(
+            model="remote", messages=CHAT, max_tokens=12, stream=True, stream_options={"include_usage": True}
+        )
+        chunks = list(stream)
+        whole = client.chat.completions.create(model="remote", messages=CHAT, max_tokens=12)
+
+    assert len(text_of(chunks).split()) == 12 and chunks[-1].usage.completion_tokens == 12
+    assert whole.choices[0].message.content == text_of(chunks)
+    assert whole.usage.completion_tokens == 12 and whole.usage.prompt_tokens == 4  # the upstream's own count
+
+
+def test_an_upstream_stream_resumes_after_a_dropped_connection(upstream):
+    with front(upstream.endpoint()) as (site, client):
+        key = client.api_key
+        body = {"model": "remote", "messages": CHAT, "max_tokens": 40, "stream_options": {"resumable": True}}
+        seen, completion_id, last_id = [], None, None
+        for line in raw_stream(site, key, body):
+            if line.startswith("id: "):
+                last_id = line[4:]
+            if line.startswith("data: {") and re.search(r'"content":"[^"]', line):
+                chunk = json.loads(line[6:])
+                completion_id = chunk["id"]
+                seen.append(chunk["choices"][0]["delta"]["content"])
+                if len(seen) == 5:
+                    break  # the connection drops
+        resumed = httpx.get(
+            f"{site.base_url}/v1/streams/{completion_id}",
+            headers={"Authorization": f"Bearer {key}", "Last-Event-ID": last_id},
+            timeout=30,
+        ).text
+
+    rest = [json.loads(line[6:]) for line in resumed.splitlines() if line.startswith("data: {")]
+    text = "".join(seen) + "".join(
+        chunk["choices"][0]["delta"].get("content") or "" for chunk in rest if chunk["choices"]
+    )
+    assert len(text.split()) == 40 and resumed.rstrip().endswith("data: [DONE]")
+
+
+def test_stop_closes_the_upstream_request_so_the_server_stops_generating(upstream):
+    with front(upstream.endpoint()) as (site, client):
+        key = client.api_key
+        body = {"model": "remote", "messages": CHAT, "max_tokens": 2000, "stream_options": {"resumable": True}}
+        lines = raw_stream(site, key, body)
+        completion_id = next(json.loads(line[6:])["id"] for line in lines if line.startswith("data: {"))
+        deadline = time.monotonic() + 10
+        while upstream.active_generations() < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert upstream.active_generations() == 1
+
+        cancelled = httpx.post(
+            f"{site.base_url}/v1/streams/{completion_id}/cancel", headers={"Authorization": f"Bearer {key}"}
+        ).json()
+
+        deadline = time.monotonic() + 5
+        while upstream.active_generations() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        rest = list(lines)
+    assert cancelled["cancelled"] is True
+    assert upstream.active_generations() == 0
+    assert "data: [DONE]" in rest
+
+
+def test_a_server_that_never_answers_ends_the_request_with_504_on_time():
+    with SilentServer() as silent:
+        endpoint = {
+            "model": "hung",
+            "base_url": silent.base_url,
+            "upstream_model": "x",
+            "first_token_timeout_s": 2,
+        }
+        with front(endpoint) as (_, client):
+            started = time.monotonic()
+            with pytest.raises(openai.APIStatusError) as refused:
+                client.chat.completions.create(model="hung", messages=CHAT, max_tokens=5)
+            waited = time.monotonic() - started
+    assert refused.value.status_code == 504
+    assert refused.value.body["code"] == "upstream_timeout"
+    assert 1.5 < waited < 6
+
+
+def test_with_one_endpoint_killed_under_load_new_requests_go_to_the_other_and_nothing_hangs(upstream):
+    with Upstream() as first:
+        endpoints = [first.endpoint(max_concurrent=8), upstream.endpoint(max_concurrent=8)]
+        with front(*endpoints) as (_, client):
+
+            def answer(max_tokens: int) -> tuple[str, str | None]:
+                stream = client.chat.completions.create(
+                    model="remote", messages=CHAT, max_tokens=max_tokens, stream=True, timeout=30
+                )
+                pieces, error = [], None
+                try:
+                    for chunk in stream:
+                        pieces.append(text_of([chunk]))
+                except openai.APIError as failed:  # the error event after tokens
+                    error = str(failed)
+                return "".join(pieces), error
+
+            with ThreadPoolExecutor(6) as pool:
+                running = [pool.submit(answer, 150) for _ in range(6)]  # 3 s each at 50 tokens/s
+                time.sleep(1.0)
+                first.site.kill()
+                later = [pool.submit(answer, 10) for _ in range(6)]
+                finished = [future.result(timeout=60) for future in running]
+                served = [future.result(timeout=60) for future in later]
+
+    cut = [(text, error) for text, error in finished if error]
+    assert cut and all(text for text, _ in cut)  # streams on the killed server end with an error, text kept
+    assert all(len(text.split()) == 150 for text, error in finished if not error)
+    assert all(error is None and len(text.split()) == 10 for text, error in served)
+
+
+def test_per_endpoint_caps_start_eight_streams_on_two_endpoints_and_queue_them_on_one(upstream, second_upstream):
+    first, second = upstream, second_upstream
+    body = {"model": "remote", "messages": CHAT, "max_tokens": 60}
+
+    def first_lines(start: threading.Barrier, site: LiveSite, key: str) -> list[str]:
+        start.wait()
+        lines = []
+        for line in raw_stream(site, key, body):
+            lines.append(line)
+            if re.search(r'"content":"[^"]', line):  # its first token: it is not waiting any more
+                return lines
+        return lines
+
+    for endpoints, queued in (
+        ([first.endpoint(max_concurrent=4), second.endpoint(max_concurrent=4)], 0),
+        ([first.endpoint(max_concurrent=4)], 4),
+    ):
+        with front(*endpoints) as (site, client), ThreadPoolExecutor(8) as pool:
+            start = threading.Barrier(8)  # all eight at once
+            openings = list(pool.map(first_lines, [start] * 8, [site] * 8, [client.api_key] * 8))
+        waited = [lines for lines in openings if any(line.startswith(": queued") for line in lines)]
+        assert len(waited) == queued, openings
+        if queued:
+            comments = [next(line for line in lines if line.startswith(": queued")) for lines in waited]
+            assert sorted(int(re.search(r"(\d+) ahead", comment).group(1)) for comment in comments) == [0, 1, 2, 3]
+
+
+@pytest.fixture(scope="module")
+def transformers_serve() -> Iterator[TransformersServe]:
+    with TransformersServe() as server:
+        yield server
+
+
+def test_transformers_serve_as_an_upstream_streams_answers_whole_and_stops(transformers_serve):
+    endpoint = {
+        "model": "smol-upstream",
+        "base_url": transformers_serve.base_url,
+        "upstream_model": transformers_serve.model,
+    }
+    with front(endpoint) as (site, client):
+        stream = client.chat.completions.create(
+            model="smol-upstream",
+            messages=CHAT,
+            max_tokens=16,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = list(stream)
+        whole = client.chat.completions.create(model="smol-upstream", messages=CHAT, max_tokens=16, temperature=0)
+
+        body = {"model": "smol-upstream", "messages": CHAT, "max_tokens": 400, "stream_options": {"resumable": True}}
+        lines = raw_stream(site, client.api_key, body)
+        completion_id = next(json.loads(line[6:])["id"] for line in lines if re.search(r'"content":"[^"]', line))
+        httpx.post(
+            f"{site.base_url}/v1/streams/{completion_id}/cancel", headers={"Authorization": f"Bearer {client.api_key}"}
+        )
+        stopped = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+
+    assert text_of(chunks) and whole.choices[0].message.content == text_of(chunks)
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens <= 16
+    assert any(chunk["choices"] and chunk["choices"][0]["finish_reason"] == "stop" for chunk in stopped)
+    assert sum(1 for chunk in stopped if chunk["choices"] and chunk["choices"][0]["delta"].get("content")) < 400

@@ -1,0 +1,215 @@
+"""Real OpenAI-compatible servers for chatsite to put behind its API, in tests and benchmarks.
+
+`TransformersServe` runs `transformers serve` on the weights chatsite itself loads, on CPU
+in float32; `SilentServer` takes connections and requests and never answers, as a hung
+upstream does. Both listen on a free loopback port and expose `base_url`, ending in /v1.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import selectors
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from inference.loading import COMPLETE_MARKER
+from tests.livesite import ROOT, free_port, stop_process
+
+APP_MODEL = "smollm2-135m-instruct"
+PAGE_SIZE = 256  # tokens per KV-cache block: ContinuousBatchingConfig's default
+PROMPT_ALLOWANCE = 128  # tokens: the chat template's system prompt plus a short prompt, with room
+
+LOCATE_MODEL = """
+from django.conf import settings
+from inference.loading import assemble_gguf, file_sha256
+from inference.registry import resolve_model
+spec = resolve_model(settings.CHAT_MODEL)
+print(spec.source or settings.MODEL_CACHE_DIR / file_sha256(assemble_gguf(spec, settings.MODEL_CACHE_DIR)))
+"""
+
+
+def prepared_model_dir(app_model: str = APP_MODEL) -> Path:
+    """The converted safetensors + tokenizer directory chatsite loads for `app_model`,
+    converted first (`manage.py prepare_model`) if it is not there yet."""
+    env = {**os.environ, "CHAT_MODEL": app_model}
+
+    def locate() -> Path:
+        output = subprocess.run(
+            [sys.executable, "manage.py", "shell", "-c", LOCATE_MODEL],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        return Path(output.strip().splitlines()[-1]).resolve()
+
+    path = locate()
+    if not (path / COMPLETE_MARKER).exists():
+        subprocess.run([sys.executable, "manage.py", "prepare_model"], cwd=ROOT, env=env, check=True)
+        path = locate()
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"no converted model in {path}")
+    return path
+
+
+def paged_cache_blocks(max_streams: int, max_tokens: int) -> int:
+    """KV-cache blocks for `max_streams` streams of `max_tokens` at once, plus a few spare.
+
+    Left to its default, the paged cache takes a share of the whole machine's memory."""
+    return max_streams * math.ceil((PROMPT_ALLOWANCE + max_tokens) / PAGE_SIZE) + 8
+
+
+class TransformersServe:
+    """`with TransformersServe() as upstream:` starts `transformers serve` pinned to chatsite's
+    model, waits for /health and sends one warm-up request (its first one is slow).
+
+    Requests name the model as `upstream.model` (the served directory's path): a server
+    pinned to a model answers 400 to any other name. With `continuous_batching`, the
+    paged cache holds `max_streams` streams of `max_tokens`, and the warm-up request is
+    greedy because the first request's sampling settings are kept for all later ones.
+    A prompt longer than that cache kills its batching worker for good: that stream
+    ends with an error event and every later request is answered 503.
+
+    It reports no count of the generations it is running (no metrics endpoint): a test
+    that needs one uses a chatsite process as the upstream, whose /metrics has it.
+    """
+
+    def __init__(
+        self,
+        *,
+        app_model: str = APP_MODEL,
+        continuous_batching: bool = False,
+        max_streams: int = 16,
+        max_tokens: int = 128,
+        max_batch_tokens: int = 512,
+        ready_timeout: float = 300,
+    ) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="transformers-serve-")
+        self.app_model = app_model
+        self.continuous_batching = continuous_batching
+        self.cache_blocks = paged_cache_blocks(max_streams, max_tokens)
+        self.max_batch_tokens = max_batch_tokens
+        self.ready_timeout = ready_timeout
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self.log_path = Path(self._tmp.name) / "serve.log"
+        self.model = ""
+        self.command: list[str] = []
+        self.process: subprocess.Popen[bytes] | None = None
+        self.ready_after_s: float | None = None
+        self.warm_up_s: float | None = None
+
+    def __enter__(self) -> TransformersServe:
+        self.model = str(prepared_model_dir(self.app_model))
+        self.command = self._serve_command()
+        try:
+            self.start()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.process:
+            # Its HTTP server waits for open streams on SIGTERM; an upstream under test may have some.
+            stop_process(self.process, grace_s=5)
+        self._tmp.cleanup()
+
+    def start(self) -> None:
+        started = time.monotonic()
+        self.process = subprocess.Popen(
+            self.command, cwd=ROOT, stdout=self.log_path.open("ab"), stderr=subprocess.STDOUT
+        )
+        self._wait_healthy(started + self.ready_timeout)
+        self.ready_after_s = time.monotonic() - started
+        self.warm_up_s = self._warm_up()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def _serve_command(self) -> list[str]:
+        # The CLI's module run by this interpreter, so that the server has this venv's transformers.
+        command = [sys.executable, "-m", "transformers.cli.transformers", "serve", self.model]
+        command += ["--device", "cpu", "--dtype", "float32"]
+        command += ["--host", "127.0.0.1", "--port", str(self.port)]
+        if self.continuous_batching:
+            command += ["--continuous-batching", "--cb-num-blocks", str(self.cache_blocks)]
+            command += ["--cb-max-batch-tokens", str(self.max_batch_tokens)]
+        return command
+
+    def _wait_healthy(self, deadline: float) -> None:
+        # It loads the model before it listens, so /health answers once it can generate.
+        assert self.process is not None
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"transformers serve exited with {self.process.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(f"{self.base_url.removesuffix('/v1')}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"transformers serve not healthy after {self.ready_timeout} s:\n{self.log()}")
+
+    def _warm_up(self) -> float:
+        started = time.monotonic()
+        body = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": "Say hello."}],
+            "max_tokens": 8,
+            "temperature": 0,
+        }
+        response = httpx.post(f"{self.base_url}/chat/completions", json=body, timeout=self.ready_timeout)
+        if response.status_code != 200:
+            raise RuntimeError(f"warm-up request: HTTP {response.status_code} {response.text}\n{self.log()}")
+        return time.monotonic() - started
+
+
+class SilentServer:
+    """`with SilentServer() as upstream:` accepts connections on a free loopback port and
+    reads what they send, but never answers, and keeps them open until it is closed."""
+
+    def __init__(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self.accepted = 0
+        self.received = b""
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="silent-server", daemon=True)
+
+    def __enter__(self) -> SilentServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stopping.set()
+        self._thread.join()
+
+    def _serve(self) -> None:
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._listener, selectors.EVENT_READ)
+            # A short timeout, so that the loop sees _stopping soon after it is set.
+            while not self._stopping.is_set():
+                for key, _ in selector.select(timeout=0.05):
+                    sock: socket.socket = key.fileobj  # type: ignore[assignment]
+                    if sock is self._listener:
+                        connection, _ = sock.accept()
+                        self.accepted += 1
+                        selector.register(connection, selectors.EVENT_READ)
+                    elif data := sock.recv(65536):
+                        self.received += data
+                    else:  # the client closed its end
+                        selector.unregister(sock)
+                        sock.close()
+            for key in list(selector.get_map().values()):
+                key.fileobj.close()  # type: ignore[union-attr]
