@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.livesite import ROOT, LiveSite
+from tests.livesite import ROOT, LiveSite, unlimited_api_key
 
 MODEL = "smollm2-135m-instruct"
 RESULTS_DIR = Path(__file__).parent / "results"
@@ -62,17 +62,6 @@ PROMPTS = (
 )
 
 # The account's limits, lifted so that only the server's capacity shapes the load.
-ACCOUNT_SETUP = """
-from django.contrib.auth import get_user_model
-from accounts.models import Account
-from accounts.services import account_for, api_key_create
-user = get_user_model().objects.create_user("bench-concurrency")
-Account.objects.filter(pk=account_for(user).pk).update(
-    requests_per_minute=10**9, tokens_per_day=10**9, max_concurrent_streams=10**9, max_tokens_per_request=10**9
-)
-print(api_key_create(user=user, name="bench-concurrency")[1])
-"""
-
 # One content delta and/or a completion-token count, as one chunk of a stream carries them.
 Delta = tuple[str | None, int | None]
 StreamOpener = Callable[[str, int], AsyncIterator[Delta]]
@@ -455,15 +444,7 @@ def resolved_dtype(args: argparse.Namespace) -> str:
 
 def bench_api_key(site: LiveSite) -> str:
     """A user whose plan lets the load through, and an API key for it."""
-    output = subprocess.run(
-        [sys.executable, "manage.py", "shell", "-c", ACCOUNT_SETUP],
-        cwd=ROOT,
-        env=site.env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return output.strip().splitlines()[-1]
+    return unlimited_api_key(site)
 
 
 def main() -> None:

@@ -16,7 +16,6 @@ bench/results/concurrency-peer.json.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import subprocess
 import sys
@@ -35,20 +34,11 @@ from bench.concurrency import (
     write_results,
 )
 from tests.livesite import ROOT, free_port, stop_process
+from tests.upstreams import paged_cache_blocks, prepared_model_dir
 
 # The same versions as the app's requirements.txt; torch comes from the local CPU wheel.
 PEER_REQUIREMENTS = ("torch==2.13.0", "transformers[serving]==5.24.0")
 STAMP = ".bench-installed"
-PAGE_SIZE = 256  # tokens per KV-cache block: ContinuousBatchingConfig's default
-PROMPT_ALLOWANCE = 128  # tokens: the chat template's system prompt plus the longest prompt, with room
-
-LOCATE_MODEL = """
-from django.conf import settings
-from inference.loading import assemble_gguf, file_sha256
-from inference.registry import resolve_model
-spec = resolve_model(settings.CHAT_MODEL)
-print(spec.source or settings.MODEL_CACHE_DIR / file_sha256(assemble_gguf(spec, settings.MODEL_CACHE_DIR)))
-"""
 
 
 def ensure_peer_venv(venv: Path) -> float | None:
@@ -63,29 +53,6 @@ def ensure_peer_venv(venv: Path) -> float | None:
     subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", *PEER_REQUIREMENTS], check=True)
     stamp.write_text(wanted)
     return time.monotonic() - started
-
-
-def prepared_model_dir(model: str) -> Path:
-    """The converted safetensors + tokenizer directory the app itself loads for `model`."""
-    env = {**os.environ, "CHAT_MODEL": model}
-    subprocess.run([sys.executable, "manage.py", "prepare_model"], cwd=ROOT, env=env, check=True)
-    output = subprocess.run(
-        [sys.executable, "manage.py", "shell", "-c", LOCATE_MODEL],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    path = Path(output.strip().splitlines()[-1]).resolve()
-    if not (path / "config.json").exists():
-        raise FileNotFoundError(f"no converted model in {path}")
-    return path
-
-
-def default_num_blocks(max_level: int, max_tokens: int) -> int:
-    """KV-cache blocks for every stream of the highest level at once, plus a few spare."""
-    return max_level * math.ceil((PROMPT_ALLOWANCE + max_tokens) / PAGE_SIZE) + 8
 
 
 def serve_command(venv: Path, model_dir: Path, port: int, args: argparse.Namespace) -> list[str]:
@@ -142,7 +109,7 @@ def main() -> None:
     args = parser.parse_args()
     args.label = args.label or ("peer" if args.dtype == "float32" else f"peer-{args.dtype}")
     max_level = max(args.levels)
-    args.cb_num_blocks = args.cb_num_blocks or default_num_blocks(max_level, args.max_tokens)
+    args.cb_num_blocks = args.cb_num_blocks or paged_cache_blocks(max_level, args.max_tokens)
 
     install_s = ensure_peer_venv(args.venv)
     model_dir = prepared_model_dir(args.model)

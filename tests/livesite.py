@@ -361,3 +361,29 @@ class ChatClient:
     @staticmethod
     def delta(event: StreamEvent) -> str:
         return json.loads(event.data)["delta"]
+
+
+UNLIMITED_ACCOUNT = """
+import uuid
+from django.contrib.auth import get_user_model
+from accounts.models import Account
+from accounts.services import account_for, api_key_create
+user = get_user_model().objects.create_user("load-" + uuid.uuid4().hex[:8])
+Account.objects.filter(pk=account_for(user).pk).update(
+    requests_per_minute=10**9, tokens_per_day=10**9, max_concurrent_streams=10**9, max_tokens_per_request=10**9
+)
+print(api_key_create(user=user, name="load")[1])
+"""
+
+
+def unlimited_api_key(site: LiveSite) -> str:
+    """An API key of a new user on `site` whose plan lets any load through (tests, benches)."""
+    output = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", UNLIMITED_ACCOUNT],
+        cwd=ROOT,
+        env=site.env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return output.strip().splitlines()[-1]

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -21,34 +19,11 @@ import httpx
 import openai
 import pytest
 
-from tests.livesite import ROOT, LiveSite
+from tests.livesite import LiveSite, unlimited_api_key
 from tests.upstreams import SilentServer, TransformersServe
 
 SYNTHETIC = {"CHAT_ENABLE_SYNTHETIC": "1", "CHAT_MODEL": "synthetic"}
 CHAT = [{"role": "user", "content": "Tell me about streams."}]
-UNLIMITED_KEY = """
-from django.contrib.auth.models import User
-from accounts.models import Account
-from accounts.services import account_for, api_key_create
-user = User.objects.create_user("client-" + __import__("uuid").uuid4().hex[:8])
-Account.objects.filter(pk=account_for(user).pk).update(
-    requests_per_minute=10**6, max_concurrent_streams=10**6, tokens_per_day=10**9, max_tokens_per_request=10**6
-)
-print(api_key_create(user=user, name="test")[1])
-"""
-
-
-def api_key(site: LiveSite) -> str:
-    """A key of a user whose plan lets every test's load through."""
-    output = subprocess.run(
-        [sys.executable, "manage.py", "shell", "-c", UNLIMITED_KEY],
-        cwd=ROOT,
-        env=site.env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return output.strip().splitlines()[-1]
 
 
 class Upstream:
@@ -59,7 +34,7 @@ class Upstream:
 
     def __enter__(self) -> Upstream:
         self.site.__enter__()
-        self.key = api_key(self.site)
+        self.key = unlimited_api_key(self.site)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -83,7 +58,7 @@ class Upstream:
 def front(*endpoints: dict[str, object]) -> Iterator[tuple[LiveSite, openai.OpenAI]]:
     """chatsite serving these endpoints' models, and an openai client of it."""
     with LiveSite(env={**SYNTHETIC, "CHAT_UPSTREAMS": json.dumps(endpoints)}) as site:
-        yield site, openai.OpenAI(base_url=f"{site.base_url}/v1", api_key=api_key(site), max_retries=0)
+        yield site, openai.OpenAI(base_url=f"{site.base_url}/v1", api_key=unlimited_api_key(site), max_retries=0)
 
 
 @pytest.fixture(scope="module")
