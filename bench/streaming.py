@@ -147,7 +147,7 @@ def main() -> None:
     print(f"{'TTFT overhead (ms)':<40}{result['ttft_overhead_ms']:>12.1f}{'<= 50':>12}")
     print(f"{'warm start → /readyz 200 (s, median of 3)':<40}{result['warm_start_s']:>12.2f}{'<= 10':>12}")
     print(f"{'same text raw and HTTP (greedy)':<40}{result['same_text']!s:>12}")
-    print(f"results written to {RESULTS.relative_to(ROOT)}")
+    print(f"results written to {RESULTS}")
 
 
 if __name__ == "__main__":

@@ -138,6 +138,7 @@ class UpstreamEndpointForm(forms.ModelForm):
             "first_token_timeout_s",
             "read_timeout_s",
             "context_length",
+            "tokenizer",
             "enabled",
         ]
 

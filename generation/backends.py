@@ -13,7 +13,7 @@ from typing import Any
 
 from celery import current_app
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import DatabaseError, close_old_connections
 
 from accounts.models import UsageRecord
 from generation import runtime
@@ -181,9 +181,12 @@ class UpstreamBackend:
     REFRESH_S = 5.0
 
     def __init__(self) -> None:
-        self.pool = UpstreamPool(runtime.stream_store(), max_queue=settings.GENERATION_MAX_QUEUE)
+        self.pool = UpstreamPool(
+            runtime.stream_store(), producer=runtime.PRODUCER, max_queue=settings.GENERATION_MAX_QUEUE
+        )
         self._refreshed_at = -math.inf
         self._lock = threading.Lock()
+        self._tokenizers: dict[str, ChatTokenizer | Generator] = {}
 
     def refresh(self, *, force: bool = False) -> None:
         """Serve the endpoints configured now (the environment's and the enabled ones in the admin)."""
@@ -191,7 +194,11 @@ class UpstreamBackend:
             if not force and time.monotonic() - self._refreshed_at < self.REFRESH_S:
                 return
             self._refreshed_at = time.monotonic()
-        saved = [row.as_endpoint() for row in UpstreamEndpoint.objects.filter(enabled=True)]
+        try:
+            saved = [row.as_endpoint() for row in UpstreamEndpoint.objects.filter(enabled=True)]
+        except DatabaseError:  # a database hiccup must not take the other models down with it
+            logger.warning("Could not read the upstream endpoints; serving the ones known", exc_info=True)
+            return
         self.pool.configure([*settings.CHAT_UPSTREAMS, *saved])
 
     def models(self) -> list[str]:
@@ -205,11 +212,28 @@ class UpstreamBackend:
         return runtime.PRODUCER
 
     def count_prompt_tokens(self, model: str, prompt: Prompt) -> int:
-        # Model servers keep their tokenizers: an estimate reserves the budget, and the
-        # server's usage report settles it.
-        return estimate_prompt_tokens(prompt)
+        # Model servers keep their tokenizers: without one configured here, an estimate
+        # reserves the budget, and the server's usage report settles it.
+        tokenizer = self._tokenizer(model)
+        return tokenizer.count_prompt_tokens(prompt) if tokenizer else estimate_prompt_tokens(prompt)
+
+    def _tokenizer(self, model: str) -> ChatTokenizer | Generator | None:
+        """The tokenizer configured for `model`'s endpoints, loaded once; None without one."""
+        self.refresh()
+        name = next((e.tokenizer for e in self.pool.endpoints(model) if e.tokenizer), None)
+        if name is None:
+            return None
+        with self._lock:
+            if name not in self._tokenizers:
+                self._tokenizers[name] = load_chat_tokenizer(
+                    runtime.model_spec(name),
+                    cache_dir=settings.MODEL_CACHE_DIR,
+                    synthetic_tokens_per_s=settings.CHAT_SYNTHETIC_TOKENS_PER_S,
+                )
+            return self._tokenizers[name]
 
     def context_length(self, model: str) -> int:
+        self.refresh()
         lengths = [e.context_length for e in self.pool.endpoints(model) if e.context_length]
         return min(lengths, default=UNKNOWN_CONTEXT_LENGTH)
 
@@ -225,8 +249,14 @@ class UpstreamBackend:
             # An empty tools list only marks a tool round trip; servers refuse it as a value.
             **{name: value for name, value in params.extra.items() if value != []},
         }
-        prompt_tokens = estimate_prompt_tokens(task.prompt)
-        self.pool.submit(job_for(task), model=task.model, prompt_tokens=prompt_tokens, body=body)
+        tokenizer = self._tokenizer(task.model)
+        self.pool.submit(
+            job_for(task),
+            model=task.model,
+            prompt_tokens=self.count_prompt_tokens(task.model, task.prompt),
+            body=body,
+            count_tokens=(lambda text: tokenizer.count_prompt_tokens(text)) if tokenizer else None,
+        )
         return task.stream_id
 
     def cancel(self, stream_id: str) -> bool:

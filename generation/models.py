@@ -96,6 +96,12 @@ class UpstreamEndpoint(models.Model):
     context_length = models.PositiveIntegerField(
         null=True, blank=True, help_text="Tokens the model holds; empty: the server refuses what doesn't fit."
     )
+    tokenizer = models.CharField(
+        max_length=500,
+        blank=True,
+        help_text="A tokenizer like the server's (a model name, local directory or hub id), to count "
+        "tokens here; empty: estimated, unless the server reports its usage (vLLM and TGI do).",
+    )
     enabled = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -119,4 +125,5 @@ class UpstreamEndpoint(models.Model):
             first_token_timeout_s=self.first_token_timeout_s,
             read_timeout_s=self.read_timeout_s,
             context_length=self.context_length,
+            tokenizer=self.tokenizer or None,
         )

@@ -310,6 +310,8 @@ def conversation_title_start(*, answer_id: int) -> bool:
     if answer is None or answer.status != Message.Status.COMPLETE:
         return False
     conversation = answer.conversation
+    if conversation.model not in runtime.model_names():
+        return False  # a model server's model: titles are this process's engine's work
     first_prompt = conversation.messages.filter(role=Message.Role.USER).first()
     first_answer = conversation.messages.filter(role=Message.Role.ASSISTANT).first()
     if first_prompt is None or first_answer is None or first_answer.pk != answer.pk:

@@ -64,6 +64,9 @@ class Endpoint:
     first_token_timeout_s: float = 60.0
     read_timeout_s: float = 60.0  # the longest silence between two chunks
     context_length: int | None = None  # None: unknown, the server refuses what doesn't fit
+    # A tokenizer like the server's (a registry name, a local directory or a hub id): counts
+    # the prompt at admission, and the answer when the server reports no usage.
+    tokenizer: str | None = None
 
 
 def endpoint_from_json(data: Any, name: str) -> Endpoint:
@@ -179,6 +182,7 @@ class _Run:
     job: Job
     model: str
     prompt_tokens: int  # as counted at admission, for when the server reports no usage
+    count_tokens: Callable[[str], int] | None  # the answer's, likewise; None: estimated
     task: asyncio.Task[None] | None = None
     cancelled: bool = False
     pieces: list[str] = field(default_factory=list)
@@ -189,10 +193,14 @@ class _Run:
 
 
 class UpstreamPool:
+    # Beats live three periods, as the engine's: the reaper tells a dead process's runs by them.
+    HEARTBEAT_S = 2.0
+
     def __init__(
         self,
         store: StreamStore,
         *,
+        producer: str = "upstream",
         max_queue: int = 64,
         failure_threshold: int = 3,
         open_s: float = 30.0,
@@ -201,6 +209,7 @@ class UpstreamPool:
         progress_interval_s: float = 2.0,
     ) -> None:
         self.store = store
+        self.producer = producer
         self.max_queue = max_queue
         self.failure_threshold, self.open_s = failure_threshold, open_s
         self.health_interval_s = health_interval_s
@@ -257,10 +266,19 @@ class UpstreamPool:
 
     # -- submitting, from request threads ------------------------------------------------
 
-    def submit(self, job: Job, *, model: str, prompt_tokens: int, body: dict[str, Any]) -> None:
+    def submit(
+        self,
+        job: Job,
+        *,
+        model: str,
+        prompt_tokens: int,
+        body: dict[str, Any],
+        count_tokens: Callable[[str], int] | None = None,
+    ) -> None:
         """Start streaming `body` (an OpenAI request without model and stream fields) from
         one of `model`'s endpoints. Raises NoEndpointAvailable, or EngineOverloaded when
-        `max_queue` requests already wait for room."""
+        `max_queue` requests already wait for room. `prompt_tokens` and `count_tokens`
+        count the usage if the server reports none."""
         with self._lock:
             states = [s for s in self._states.values() if s.endpoint.model == model and s.available()]
             if not states:
@@ -269,7 +287,7 @@ class UpstreamPool:
             room = any(s.outstanding < s.endpoint.max_concurrent for s in states)
             if not room and waiting >= self.max_queue:
                 raise EngineOverloaded(f"{waiting} requests already wait for {model!r}")
-            run = _Run(job, model, prompt_tokens)
+            run = _Run(job, model, prompt_tokens, count_tokens)
             self._runs[job.stream_id] = run
         self.store.create(job.stream_id)
         loop = self._started_loop()
@@ -291,7 +309,11 @@ class UpstreamPool:
         self._loop = loop
         self._client = httpx.AsyncClient(limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
         self._room = asyncio.Condition()
-        self._background = [loop.create_task(self._poll_cancels()), loop.create_task(self._check_health())]
+        self._background = [
+            loop.create_task(self._poll_cancels()),
+            loop.create_task(self._check_health()),
+            loop.create_task(self._beat()),
+        ]
         ready.set()
         loop.run_forever()
 
@@ -496,9 +518,10 @@ class UpstreamPool:
             self._leave_line(run)
         text = "".join(run.pieces)
         usage = run.usage or {}
-        estimated = not usage
+        count = run.count_tokens or estimate_tokens
+        estimated = not usage and run.count_tokens is None
         prompt_tokens = int(usage.get("prompt_tokens", run.prompt_tokens))
-        completion_tokens = int(usage.get("completion_tokens", estimate_tokens(text)))
+        completion_tokens = int(usage.get("completion_tokens", count(text)))
         started = run.job.submitted_at
         if failure is not None:
             status, finish_reason, error = "error", "error", str(failure)
@@ -557,6 +580,17 @@ class UpstreamPool:
                 if not run.cancelled and run.task is not None:
                     run.cancelled = True
                     run.task.cancel()  # closes its HTTP request: the server stops generating
+
+    async def _beat(self) -> None:
+        """Beat as `producer` while serving, as the engine does, so that the reaper never
+        settles this process's runs as a dead one's (a web process of the Celery backend
+        has no engine beating for it)."""
+        while True:
+            try:
+                await asyncio.to_thread(self.store.beat, self.producer, ttl_s=self.HEARTBEAT_S * 3)
+            except Exception:
+                logger.exception("Upstream heartbeat failed")
+            await asyncio.sleep(self.HEARTBEAT_S)
 
     async def _check_health(self) -> None:
         assert self._client is not None

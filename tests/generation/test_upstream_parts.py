@@ -12,9 +12,10 @@ from django.urls import reverse
 from accounts.models import UsageRecord
 from accounts.services import api_key_create
 from api.chunks import Completion, WholeAnswer, completion_events
+from generation import backends
 from generation.models import UpstreamEndpoint
-from inference.streams import StreamEvent
-from inference.upstream import Circuit, endpoint_from_json
+from inference.streams import InMemoryStreamStore, StreamEvent
+from inference.upstream import Circuit, UpstreamPool, endpoint_from_json, estimate_prompt_tokens
 from tests.generation.test_api import CHAT, assert_error, post
 
 ENDPOINT = {"model": "remote", "base_url": "http://127.0.0.1:9/v1", "upstream_model": "m"}
@@ -157,3 +158,27 @@ def test_an_endpoints_api_key_is_written_in_the_admin_and_never_shown_again(admi
     admin_client.post(url, {**form, "clear_api_key": "on"})
     endpoint.refresh_from_db()
     assert endpoint.api_key == ""
+
+
+@pytest.mark.django_db
+def test_an_endpoint_with_a_tokenizer_counts_prompts_with_it_and_without_one_estimates(settings, stream_store, smollm):
+    settings.CHAT_UPSTREAMS = [endpoint_from_json({**ENDPOINT, "tokenizer": "smollm2-135m-instruct"}, "env-1")]
+    upstream = backends.backend().upstream
+    assert upstream.count_prompt_tokens("remote", CHAT["messages"]) == smollm.count_prompt_tokens(CHAT["messages"])
+
+    settings.CHAT_UPSTREAMS = [endpoint_from_json(ENDPOINT, "env-1")]
+    upstream.refresh(force=True)
+    assert upstream.count_prompt_tokens("remote", CHAT["messages"]) == estimate_prompt_tokens(CHAT["messages"])
+
+
+def test_a_pool_serving_upstream_runs_beats_as_its_producer_so_the_reaper_spares_them():
+    store = InMemoryStreamStore()
+    pool = UpstreamPool(store, producer="web-1:42:abc")
+    assert not store.producer_alive("web-1:42:abc")
+
+    pool._started_loop()  # as the first submit() does
+
+    deadline = time.monotonic() + 3
+    while not store.producer_alive("web-1:42:abc") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert store.producer_alive("web-1:42:abc")
