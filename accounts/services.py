@@ -63,7 +63,12 @@ class Quota:
 
 
 def account_for(user: User) -> Account:
-    """The user's account, made on the default plan the first time."""
+    """The user's account, made on the default plan the first time.
+
+    A user fetched with `select_related("account__plan")` (api_key_authenticate) brings it along.
+    """
+    if User.account.is_cached(user) and hasattr(user, "account"):
+        return user.account
     try:
         return Account.objects.select_related("plan").get(user=user)
     except Account.DoesNotExist:
@@ -253,8 +258,9 @@ def api_key_create(*, user: User, name: str) -> tuple[ApiKey, str]:
 
 
 def api_key_authenticate(plain: str) -> ApiKey | None:
-    """The active key matching `plain`, with its user; marks it used."""
-    key = ApiKey.objects.select_related("user").filter(hashed=hash_key(plain), revoked_at__isnull=True).first()
+    """The active key matching `plain`, with its user and their account; marks it used."""
+    keys = ApiKey.objects.select_related("user__account__plan")
+    key = keys.filter(hashed=hash_key(plain), revoked_at__isnull=True).first()
     if key is None or not key.matches(plain) or not key.user.is_active:
         return None
     now = timezone.now()

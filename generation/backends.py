@@ -57,6 +57,9 @@ class InProcessBackend:
         runtime.local_engine(task.model).submit(job_for(task))
         return task.stream_id
 
+    def starts_early(self, model: str) -> bool:
+        return False  # the engine sizes a run by its max_tokens when it takes it
+
     def cancel(self, stream_id: str) -> bool:
         return runtime.stream_store().cancel(stream_id)
 
@@ -128,6 +131,9 @@ class CeleryBackend:
     def submit(self, task: GenerationTask) -> str:
         self.dispatcher(task.model).submit(task)
         return task.stream_id
+
+    def starts_early(self, model: str) -> bool:
+        return False  # a worker claims the run's ledger record before it generates
 
     def cancel(self, stream_id: str) -> bool:
         return runtime.stream_store().cancel(stream_id)
@@ -256,8 +262,14 @@ class UpstreamBackend:
             prompt_tokens=self.count_prompt_tokens(task.model, task.prompt),
             body=body,
             count_tokens=(lambda text: tokenizer.count_prompt_tokens(text)) if tokenizer else None,
+            admission=task.admission,
         )
         return task.stream_id
+
+    def starts_early(self, model: str) -> bool:
+        # The server reads the prompt while the ledger writes: the first token waits for
+        # the slower of the two, not for both.
+        return True
 
     def cancel(self, stream_id: str) -> bool:
         return runtime.stream_store().cancel(stream_id)
@@ -319,6 +331,9 @@ class ModelRouter:
 
     def submit(self, task: GenerationTask) -> str:
         return self._for(task.model).submit(task)
+
+    def starts_early(self, model: str) -> bool:
+        return self._for(model).starts_early(model)
 
     def cancel(self, stream_id: str) -> bool:
         return runtime.stream_store().cancel(stream_id)

@@ -27,6 +27,8 @@ def job_for(task: GenerationTask, *, on_done: Callable[[GenerationResult], None]
     """The engine job of a task; `on_done` runs after the result is saved."""
 
     def finish(result: GenerationResult) -> None:
+        if task.admission is not None and not task.admission.granted():
+            return  # refused after it started: nothing was recorded
         usage_finish(stream_id=task.stream_id, usage_estimated=result.usage_estimated, **result.outcome_fields())
         if task.message_id is not None:
             message_finish(task.message_id, result)

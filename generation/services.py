@@ -19,7 +19,7 @@ from generation.dispatch import QUEUE_PRODUCER
 from generation.jobs import engine_thread_task
 from generation.models import Conversation, Message
 from generation.selectors import chat_history, last_exchange
-from inference.backend import GenerationTask
+from inference.backend import Admission, GenerationTask
 from inference.engine import EngineOverloaded, GenerationResult, Job
 from inference.generators import ContextLengthExceeded, GenerationParams, Prompt, UnfitPrompt, check_prompt
 from inference.registry import UnknownModel
@@ -45,6 +45,7 @@ class Admitted:
     task: GenerationTask
     producer: str
     quota: Quota
+    submitted: bool = False  # started before its admission was written (generation_start)
 
     @property
     def stream_id(self) -> str:
@@ -68,6 +69,7 @@ def generation_admit(
     requested_max_tokens: int | None,
     api_key: ApiKey | None = None,
     stream_id: str | None = None,
+    start_early: bool = False,
 ) -> Admitted:
     """Check a generation against the user's limits and the model, cheapest check first,
     and reserve its tokens in the ledger.
@@ -79,6 +81,12 @@ def generation_admit(
     (capped by the plan, the context and the day's budget) are reserved together. Raises
     UnknownModel, QuotaExceeded, InvalidRequest or EngineOverloaded (also while the
     model loads); after a refusal nothing is recorded.
+
+    With `start_early`, where the backend allows it (a model server), the generation is
+    submitted before the ledger's transaction and runs while it writes: the first token
+    waits for the slower of the two, not for both. A refusal by the ledger then cancels
+    it (the server has read a prompt for nothing, at most the per-minute limit's worth),
+    and a day's budget that grants fewer tokens than it went out with stops it there.
     """
     runner = backend()
     if model not in runner.models():
@@ -93,21 +101,34 @@ def generation_admit(
     except UnfitPrompt as unfit:
         code = "context_length_exceeded" if isinstance(unfit, ContextLengthExceeded) else None
         raise InvalidRequest(str(unfit), param="prompt", code=code) from None
-    stream_id = stream_id or uuid.uuid4().hex
-    _, granted, quota = usage_admit(
-        user=user,
-        limits=limits,
-        requests=requests,
-        channel=channel,
-        model=model,
-        stream_id=stream_id,
-        producer=runner.producer(model),
-        prompt_tokens=prompt_tokens,
-        max_tokens=min(params.max_tokens, room, limits.max_tokens_per_request),
-        api_key=api_key,
-    )
-    task = GenerationTask(stream_id, model, prompt, replace(params, max_tokens=granted))
-    return Admitted(task=task, producer=runner.producer(model), quota=quota)
+    max_tokens = min(params.max_tokens, room, limits.max_tokens_per_request)
+    task = GenerationTask(stream_id or uuid.uuid4().hex, model, prompt, replace(params, max_tokens=max_tokens))
+    if start_early and runner.starts_early(model):
+        task = replace(task, admission=Admission())
+        runner.submit(task)
+    producer = runner.producer(model)
+    try:
+        _, granted, quota = usage_admit(
+            user=user,
+            limits=limits,
+            requests=requests,
+            channel=channel,
+            model=model,
+            stream_id=task.stream_id,
+            producer=producer,
+            prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens,
+            api_key=api_key,
+        )
+    except BaseException:
+        if task.admission is not None:
+            task.admission.refuse()
+            runner.cancel(task.stream_id)
+        raise
+    if task.admission is not None:
+        task.admission.grant(granted)
+    task = replace(task, params=replace(params, max_tokens=granted))
+    return Admitted(task=task, producer=producer, quota=quota, submitted=task.admission is not None)
 
 
 def generation_submit(admitted: Admitted, *, message_id: int | None = None) -> Started:
@@ -116,6 +137,8 @@ def generation_submit(admitted: Admitted, *, message_id: int | None = None) -> S
     Raises EngineOverloaded when the queue is full; its place in the ledger is then given back.
     """
     task = replace(admitted.task, message_id=message_id)
+    if admitted.submitted:
+        return Started(stream_id=task.stream_id, max_tokens=task.params.max_tokens, quota=admitted.quota)
     try:
         backend().submit(task)
     except Exception:
@@ -145,6 +168,7 @@ def generation_start(
         requested_max_tokens=requested_max_tokens,
         api_key=api_key,
         stream_id=stream_id,
+        start_early=True,
     )
     return generation_submit(admitted)
 

@@ -8,15 +8,40 @@ the in-process engine and Celery workers; one is chosen once, at start-up.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import threading
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
 from inference.generators import GenerationParams, Prompt
 
 
+class Admission:
+    """The ledger's verdict on a generation that started before it was written (a backend's
+    `starts_early`): the generation runs meanwhile, its end waits for the verdict before it
+    is settled, and a grant below the max_tokens it went out with stops it there."""
+
+    # Longer than any admission transaction; a verdict never given counts as a refusal.
+    TIMEOUT_S = 60.0
+
+    def __init__(self) -> None:
+        self._given = threading.Event()
+        self.max_tokens: int | None = None  # None until granted, and when refused
+
+    def grant(self, max_tokens: int) -> None:
+        self.max_tokens = max_tokens
+        self._given.set()
+
+    def refuse(self) -> None:
+        self._given.set()
+
+    def granted(self) -> bool:
+        """Wait for the verdict: whether the generation has a ledger record to settle."""
+        return self._given.wait(self.TIMEOUT_S) and self.max_tokens is not None
+
+
 @dataclass(frozen=True)
 class GenerationTask:
-    """An admitted generation, as data: plain JSON, so that it can travel to a worker."""
+    """A generation to run, as data: plain JSON, so that it can travel to a worker."""
 
     stream_id: str
     model: str
@@ -26,9 +51,11 @@ class GenerationTask:
     message_id: int | None = None
     # Generations ahead of it when it was admitted, as told to its readers (None: none).
     ahead: int | None = None
+    # Set when it starts before its admission is written; never travels.
+    admission: Admission | None = field(default=None, compare=False)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return asdict(replace(self, admission=None))
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> GenerationTask:
@@ -72,6 +99,12 @@ class GenerationBackend(Protocol):
 
     def submit(self, task: GenerationTask) -> str:
         """Queue an admitted generation; its stream id. Raises EngineOverloaded (queue full)."""
+        ...
+
+    def starts_early(self, model: str) -> bool:
+        """Whether a generation of `model` may be submitted before its admission is written,
+        with a task.admission: true where nothing but the settling of its end needs the
+        ledger record (not for workers, which claim their records)."""
         ...
 
     def cancel(self, stream_id: str) -> bool:

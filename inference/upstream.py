@@ -39,6 +39,7 @@ from typing import Any
 
 import httpx
 
+from inference.backend import Admission
 from inference.engine import EngineOverloaded, GenerationResult, Job
 from inference.generators import Prompt
 from inference.streams import StreamStore
@@ -190,6 +191,14 @@ class _Run:
     last_progress: float = field(default_factory=time.monotonic)
     usage: dict[str, int] | None = None
     finish_reason: str = "stop"
+    admission: Admission | None = None  # when it started before its admission was written
+    max_tokens: int | None = None  # as sent to the server
+
+    def capped(self) -> bool:
+        """Whether it has the tokens its admission granted, when that is fewer than were asked
+        for (counted by the server's chunks, one token each from the usual servers)."""
+        granted = self.admission.max_tokens if self.admission else None
+        return granted is not None and self.max_tokens is not None and len(self.pieces) >= granted < self.max_tokens
 
 
 class UpstreamPool:
@@ -274,6 +283,7 @@ class UpstreamPool:
         prompt_tokens: int,
         body: dict[str, Any],
         count_tokens: Callable[[str], int] | None = None,
+        admission: Admission | None = None,
     ) -> None:
         """Start streaming `body` (an OpenAI request without model and stream fields) from
         one of `model`'s endpoints. Raises NoEndpointAvailable, or EngineOverloaded when
@@ -287,7 +297,7 @@ class UpstreamPool:
             room = any(s.outstanding < s.endpoint.max_concurrent for s in states)
             if not room and waiting >= self.max_queue:
                 raise EngineOverloaded(f"{waiting} requests already wait for {model!r}")
-            run = _Run(job, model, prompt_tokens, count_tokens)
+            run = _Run(job, model, prompt_tokens, count_tokens, admission=admission, max_tokens=body.get("max_tokens"))
             self._runs[job.stream_id] = run
         self.store.create(job.stream_id)
         loop = self._started_loop()
@@ -438,8 +448,13 @@ class UpstreamPool:
                             break  # the first token: from now on only the read timeout applies
                     first_token.reschedule(None)
                 self._note_success(state, time.monotonic() - started)
-                async for chunk in chunks:
-                    self._take(run, chunk, chat)
+                if not run.capped():
+                    async for chunk in chunks:
+                        self._take(run, chunk, chat)
+                        if run.capped():
+                            break
+                if run.capped():  # leaving closes the request: the server stops
+                    run.finish_reason = "length"
         except TimeoutError:
             self._note_failure(state)
             if run.first_token_at is None:

@@ -363,25 +363,30 @@ class ChatClient:
         return json.loads(event.data)["delta"]
 
 
-UNLIMITED_ACCOUNT = """
-import uuid
+ACCOUNT_WITH_LIMITS = """
+import json, os, uuid
 from django.contrib.auth import get_user_model
 from accounts.models import Account
 from accounts.services import account_for, api_key_create
 user = get_user_model().objects.create_user("load-" + uuid.uuid4().hex[:8])
-Account.objects.filter(pk=account_for(user).pk).update(
-    requests_per_minute=10**9, tokens_per_day=10**9, max_concurrent_streams=10**9, max_tokens_per_request=10**9
-)
+Account.objects.filter(pk=account_for(user).pk).update(**json.loads(os.environ["ACCOUNT_LIMITS"]))
 print(api_key_create(user=user, name="load")[1])
 """
+UNLIMITED = {
+    "requests_per_minute": 10**9,
+    "tokens_per_day": 10**9,
+    "max_concurrent_streams": 10**9,
+    "max_tokens_per_request": 10**9,
+}
 
 
-def unlimited_api_key(site: LiveSite) -> str:
-    """An API key of a new user on `site` whose plan lets any load through (tests, benches)."""
+def unlimited_api_key(site: LiveSite, **limits: int) -> str:
+    """An API key of a new user on `site` whose plan lets any load through (tests, benches),
+    but for the `limits` given (Account fields: tokens_per_day=100, say)."""
     output = subprocess.run(
-        [sys.executable, "manage.py", "shell", "-c", UNLIMITED_ACCOUNT],
+        [sys.executable, "manage.py", "shell", "-c", ACCOUNT_WITH_LIMITS],
         cwd=ROOT,
-        env=site.env,
+        env={**site.env, "ACCOUNT_LIMITS": json.dumps({**UNLIMITED, **limits})},
         capture_output=True,
         text=True,
         check=True,

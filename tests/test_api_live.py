@@ -45,6 +45,17 @@ def active_generations(site: LiveSite) -> int:
     return sum(int(v) for v in re.findall(r"^chatsite_active_generations\{[^}]*\} (\d+)$", metrics, re.M))
 
 
+def test_the_api_and_the_probes_skip_the_browsers_middleware_and_pages_keep_it(live_site, alice_key):
+    """chatsite.asgi.ProgramsHandler: no session, CSRF or frame middleware (thread hops) for programs."""
+    api = httpx.get(f"{live_site.base_url}/v1/models", headers={"Authorization": f"Bearer {alice_key}"})
+    probe = httpx.get(f"{live_site.base_url}/healthz")
+    page = httpx.get(f"{live_site.base_url}/accounts/login/")
+    assert api.status_code == probe.status_code == page.status_code == 200
+    assert api.headers["X-Content-Type-Options"] == "nosniff"
+    assert "X-Frame-Options" not in api.headers and "X-Frame-Options" not in probe.headers
+    assert page.headers["X-Frame-Options"] == "DENY" and "csrftoken" in page.cookies
+
+
 def test_models_list(client):
     assert MODEL in [model.id for model in client.models.list()]
 

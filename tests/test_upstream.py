@@ -19,6 +19,7 @@ import httpx
 import openai
 import pytest
 
+from inference.upstream import estimate_prompt_tokens
 from tests.livesite import LiveSite, unlimited_api_key
 from tests.upstreams import SilentServer, TransformersServe
 
@@ -149,6 +150,40 @@ def test_stop_closes_the_upstream_request_so_the_server_stops_generating(upstrea
     assert cancelled["cancelled"] is True
     assert upstream.active_generations() == 0
     assert "data: [DONE]" in rest
+
+
+def test_a_request_the_ledger_refuses_after_its_early_start_is_closed_at_the_server(upstream):
+    """The request to the model server goes out while the ledger writes (generation_admit's
+    start_early): one that the ledger then refuses is closed, and the admitted one goes on."""
+    with front(upstream.endpoint()) as (site, _):
+        client = openai.OpenAI(
+            base_url=f"{site.base_url}/v1", api_key=unlimited_api_key(site, max_concurrent_streams=1), max_retries=0
+        )
+        admitted = client.chat.completions.create(model="remote", messages=CHAT, max_tokens=150, stream=True)
+        chunks = [next(admitted), next(admitted)]
+        with pytest.raises(openai.RateLimitError) as refused:
+            client.chat.completions.create(model="remote", messages=CHAT, max_tokens=150, stream=True)
+        deadline = time.monotonic() + 3
+        while upstream.active_generations() != 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        running_at_the_server = upstream.active_generations()
+        chunks += list(admitted)
+    assert refused.value.body["code"] == "too_many_concurrent_streams"
+    assert running_at_the_server == 1
+    assert len(text_of(chunks).split()) == 150
+
+
+def test_a_days_budget_smaller_than_the_answer_stops_it_at_the_grant(upstream):
+    """Sent before the ledger's grant, the request asks for as many tokens as the plan and
+    the context allow; the grant of what is left of the day's budget stops it."""
+    with front(upstream.endpoint()) as (site, _):
+        budget = estimate_prompt_tokens(CHAT) + 12
+        client = openai.OpenAI(
+            base_url=f"{site.base_url}/v1", api_key=unlimited_api_key(site, tokens_per_day=budget), max_retries=0
+        )
+        chunks = list(client.chat.completions.create(model="remote", messages=CHAT, stream=True))
+    assert len(text_of(chunks).split()) == 12
+    assert [chunk.choices[0].finish_reason for chunk in chunks if chunk.choices][-1] == "length"
 
 
 def test_a_server_that_never_answers_ends_the_request_with_504_on_time():

@@ -14,6 +14,8 @@ from accounts.services import api_key_create
 from api.chunks import Completion, WholeAnswer, completion_events
 from generation import backends
 from generation.models import UpstreamEndpoint
+from inference.backend import Admission, GenerationTask
+from inference.generators import GenerationParams
 from inference.streams import InMemoryStreamStore, StreamEvent
 from inference.upstream import Circuit, UpstreamPool, endpoint_from_json, estimate_prompt_tokens
 from tests.generation.test_api import CHAT, assert_error, post
@@ -182,3 +184,10 @@ def test_a_pool_serving_upstream_runs_beats_as_its_producer_so_the_reaper_spares
     while not store.producer_alive("web-1:42:abc") and time.monotonic() < deadline:
         time.sleep(0.02)
     assert store.producer_alive("web-1:42:abc")
+
+
+def test_a_task_started_before_its_admission_travels_without_it():
+    task = GenerationTask("s", "remote", "Hi", GenerationParams(max_tokens=5), admission=Admission())
+    data = json.loads(json.dumps(task.to_json()))
+    assert data["admission"] is None
+    assert GenerationTask.from_json(data).params == task.params
