@@ -26,4 +26,4 @@ VOLUME ["/data"]
 EXPOSE 8000
 
 # The model is converted into /data/models on the first start and reused afterwards.
-CMD ["sh", "-c", "python manage.py migrate --noinput && python manage.py ensure_superuser && python manage.py prepare_model && exec daphne --bind 0.0.0.0 --port \"$PORT\" chatsite.asgi:application"]
+CMD ["sh", "-c", "python manage.py migrate --noinput && python manage.py ensure_superuser && python manage.py prepare_model && exec daphne --access-log /dev/null --bind 0.0.0.0 --port \"$PORT\" chatsite.asgi:application"]

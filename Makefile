@@ -27,7 +27,8 @@ run: $(VENV)/.installed
 	$(PY) manage.py collectstatic --noinput --verbosity 0
 	$(PY) manage.py ensure_superuser
 	$(PY) manage.py prepare_model
-	$(VENV)/bin/daphne --bind 127.0.0.1 --port $(PORT) chatsite.asgi:application
+	# chatsite writes its own access log, one JSON line per request with query values hidden.
+	$(VENV)/bin/daphne --access-log /dev/null --bind 127.0.0.1 --port $(PORT) chatsite.asgi:application
 
 test: $(VENV)/.installed-dev
 	$(PY) -m pytest

@@ -27,8 +27,10 @@ from accounts.services import Quota, account_for, api_key_authenticate, quota_fo
 from api.chunks import DONE, Completion, WholeAnswer, completion_events, error_of, openai_finish_reason
 from api.openapi import openapi_document
 from api.schemas import MAX_TOKENS_MAX, ChatCompletionRequest, CompletionOptions, CompletionRequest
-from generation import runtime, sse
+from generation import logs, runtime, sse
 from generation.backends import backend
+from generation.logs import REQUEST_LOGGED
+from generation.metrics import API_ERRORS
 from generation.refusals import REFUSALS, refusal_of
 from generation.services import generation_cancel, generation_start
 from inference.generators import GenerationParams, Prompt
@@ -88,7 +90,9 @@ def api_view(view: View) -> View:
     @csrf_exempt
     @wraps(view)
     async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-        request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+        if REQUEST_LOGGED not in getattr(request, "scope", {}):  # no server in front: Django's test client
+            logs.request_begin(request.headers.get("X-Request-Id"))
+        request_id = logs.request_id() or uuid.uuid4().hex
         caller: Caller | None = None
         try:
             key = await sync_to_async(_authenticate)(request)
@@ -97,8 +101,10 @@ def api_view(view: View) -> View:
                     401, "Invalid or missing API key. Send 'Authorization: Bearer <key>'.", code="invalid_api_key"
                 )
             caller = Caller(key=key, request_id=request_id)
+            logs.annotate(user_id=key.user_id, key_prefix=key.prefix)
             response = await view(request, caller, *args, **kwargs)
         except ApiError as error:
+            API_ERRORS.labels(str(error.status), error.code or ERROR_TYPES.get(error.status, "error")).inc()
             response = JsonResponse(error.body(), status=error.status)
             if error.retry_after is not None:
                 response["Retry-After"] = str(error.retry_after)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
+import sys
+import threading
 from typing import Any
 
 from django.core.asgi import get_asgi_application
@@ -14,9 +18,13 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
 django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter  # noqa: E402
+from django.conf import settings  # noqa: E402
 
+from chatsite.observability import RequestLog  # noqa: E402
 from generation import routing  # noqa: E402
 from generation.backends import backend  # noqa: E402
+
+logger = logging.getLogger(__name__)
 
 
 class ProgramsHandler(ASGIHandler):
@@ -46,8 +54,37 @@ async def http_application(scope: dict[str, Any], receive: Any, send: Any) -> No
     await handler(scope, receive, send)
 
 
-application = ProtocolTypeRouter({"http": http_application, "websocket": routing.websocket_application})
+application = ProtocolTypeRouter({"http": RequestLog(http_application), "websocket": routing.websocket_application})
 
 # Load the model now, so /readyz turns 200 without waiting for a request, and settle
 # the answers that a previous, dead process left streaming.
 backend().start()
+
+
+def stop_gracefully_under_daphne() -> None:
+    """SIGTERM drains the process: no new generations (503 and Retry-After, /readyz 503),
+    those under way finish for up to GRACEFUL_TIMEOUT seconds while their readers stay
+    connected, the rest end as interrupted with their text; then daphne stops, and the
+    process exits 0. Any other stop (Ctrl-C) interrupts what runs at once: either way the
+    model's threads end before the interpreter does, which otherwise aborts it."""
+    if "twisted.internet.reactor" not in sys.modules:  # not under daphne (tests, other servers)
+        return
+    from twisted.internet import reactor as twisted_reactor
+    from twisted.internet import threads
+
+    reactor: Any = twisted_reactor  # the installed reactor; typed as an interface, without self
+
+    def drain_then_stop() -> None:
+        backend().shut_down(settings.GRACEFUL_TIMEOUT)
+        reactor.callFromThread(reactor.stop)
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        logger.info("SIGTERM: finishing the generations under way (up to %g s)", settings.GRACEFUL_TIMEOUT)
+        threading.Thread(target=drain_then_stop, name="chatsite-drain").start()
+
+    # Twisted installs its own handlers as the reactor starts; this one replaces its SIGTERM's.
+    reactor.callWhenRunning(signal.signal, signal.SIGTERM, on_sigterm)
+    reactor.addSystemEventTrigger("before", "shutdown", threads.deferToThread, backend().shut_down, 0)
+
+
+stop_gracefully_under_daphne()

@@ -8,10 +8,11 @@ Two kinds of worker (docs/scaling.md):
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 from celery import Celery
-from celery.signals import celeryd_init, worker_ready
+from celery.signals import celeryd_init, worker_ready, worker_shutting_down
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
 
@@ -50,3 +51,13 @@ def _start_generation_worker(sender: Any = None, **kwargs: Any) -> None:
         from generation import worker
 
         worker.start()
+
+
+@worker_shutting_down.connect
+def _drain_generation_worker(how: str | None = None, **kwargs: Any) -> None:
+    # Sent from the signal handler: drain on a thread of its own, while Celery waits for
+    # the running tasks (each one waits for its generation).
+    if how == "Warm":
+        from generation import worker
+
+        threading.Thread(target=worker.shut_down, name="chatsite-drain").start()

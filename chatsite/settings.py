@@ -142,6 +142,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "chatsite.observability.RequestUserMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
@@ -280,6 +281,8 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": f"{REDIS_KEY_PREFIX}:cele
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_ALWAYS_EAGER = GENERATION_BACKEND != "celery"
 CELERY_TASK_IGNORE_RESULT = True
+# Workers log through LOGGING as the web processes do (JSON lines, request ids).
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TASK_DEFAULT_QUEUE = "housekeeping"
 CELERY_TASK_ROUTES = {"generation.generate": {"queue": "generation"}, "generation.title": {"queue": "generation"}}
 # Acknowledged when a worker starts a task, and one message at a time per free thread:
@@ -297,10 +300,39 @@ CELERY_BEAT_SCHEDULE = {
     )
 }
 
+# One line per record on stderr: JSON (python-json-logger) for log collectors, or text for
+# people. Each carries the request's id (generation.logs); tracebacks stay in their line.
+# On SIGTERM: seconds for the generations under way to finish before the rest are
+# interrupted (their text kept) and the process exits (chatsite/asgi.py, generation/worker.py).
+GRACEFUL_TIMEOUT = env_float("GRACEFUL_TIMEOUT", 30.0)
+# /metrics and /readyz's details: for a caller with this bearer token, or a local one.
+METRICS_TOKEN = env_str("METRICS_TOKEN", "").strip()
+# A Celery generation worker's own /metrics port (0: none).
+WORKER_METRICS_PORT = env_int("WORKER_METRICS_PORT", 0)
+LOG_FORMAT = env_choice("LOG_FORMAT", "json", ("json", "text"))
+if LOG_FORMAT == "json":
+    # Model loading's progress bars are for terminals; in a JSON log they are noise.
+    # Read when huggingface_hub is imported, which settings do not do.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "filters": {"request": {"()": "generation.logs.RequestContext"}},
+    "formatters": {
+        "json": {
+            "()": "pythonjsonlogger.json.JsonFormatter",
+            "format": "%(asctime)s %(levelname)s %(name)s %(message)s %(request_id)s",
+            "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"},
+        },
+        "text": {"format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["request"]}},
     "root": {"handlers": ["console"], "level": "INFO"},
-    "loggers": {"django": {"level": "INFO"}, "httpx": {"level": "WARNING"}},
+    "loggers": {
+        "django": {"level": "INFO"},
+        # chatsite.access writes every request once, with its status: Django's own
+        # "Not Found: /path" warnings would say it twice.
+        "django.request": {"level": "ERROR"},
+        "httpx": {"level": "WARNING"},
+    },
 }

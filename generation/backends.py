@@ -8,6 +8,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -70,7 +71,11 @@ class InProcessBackend:
         return runtime.local_engine().wait_ready(timeout)
 
     def not_ready_reason(self) -> str:
-        return runtime.local_engine().load_error or "loading"
+        engine = runtime.local_engine()
+        return "stopping" if engine.stopping else engine.load_error or "loading"
+
+    def shut_down(self, grace_s: float) -> None:
+        in_parallel(*(partial(engine.shut_down, grace_s) for engine in runtime.local_engines().values()))
 
     def loads(self) -> list[ModelLoad]:
         return [
@@ -96,6 +101,7 @@ class CeleryBackend:
     def __init__(self, dispatchers: dict[str, CeleryDispatcher] | None = None) -> None:
         self._dispatchers = dict(dispatchers or {})
         self._lock = threading.Lock()
+        self._stopping = threading.Event()
 
     def dispatcher(self, model: str | None = None) -> CeleryDispatcher:
         """The dispatcher of `model` (default CHAT_MODEL), its tokenizer loading; raises UnknownModel."""
@@ -129,6 +135,8 @@ class CeleryBackend:
         return _loaded(self.dispatcher(model)).context_length
 
     def submit(self, task: GenerationTask) -> str:
+        if self._stopping.is_set():
+            raise EngineOverloaded("the server is shutting down")
         self.dispatcher(task.model).submit(task)
         return task.stream_id
 
@@ -139,13 +147,17 @@ class CeleryBackend:
         return runtime.stream_store().cancel(stream_id)
 
     def ready(self) -> bool:
-        return self.dispatcher().ready
+        return self.dispatcher().ready and not self._stopping.is_set()
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         return self.dispatcher().wait_ready(timeout)
 
     def not_ready_reason(self) -> str:
-        return self.dispatcher().load_error or "loading"
+        return "stopping" if self._stopping.is_set() else self.dispatcher().load_error or "loading"
+
+    def shut_down(self, grace_s: float) -> None:
+        """Refuse new generations; those queued and running are the workers' to finish."""
+        self._stopping.set()
 
     def loads(self) -> list[ModelLoad]:
         with self._lock:
@@ -283,6 +295,9 @@ class UpstreamBackend:
     def not_ready_reason(self) -> str:
         return ""
 
+    def shut_down(self, grace_s: float) -> None:
+        self.pool.shut_down(grace_s)
+
     def loads(self) -> list[ModelLoad]:
         loads = []
         for model in self.pool.models():
@@ -347,6 +362,9 @@ class ModelRouter:
     def not_ready_reason(self) -> str:
         return self.own.not_ready_reason()
 
+    def shut_down(self, grace_s: float) -> None:
+        in_parallel(partial(self.own.shut_down, grace_s), partial(self.upstream.shut_down, grace_s))
+
     def loads(self) -> list[ModelLoad]:
         return [*self.own.loads(), *self.upstream.loads()]
 
@@ -356,6 +374,15 @@ class ModelRouter:
 
     def housekeep(self) -> None:
         self.own.housekeep()
+
+
+def in_parallel(*calls: Callable[[], None]) -> None:
+    """Run the calls on threads of their own and wait for all (shutdowns that each wait)."""
+    threads = [threading.Thread(target=call, name="chatsite-shutdown") for call in calls]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 
 
 _backend: ModelRouter | None = None

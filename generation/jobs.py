@@ -16,6 +16,8 @@ from django.conf import settings
 from django.db import close_old_connections, transaction
 
 from accounts.services import usage_finish
+from generation.logs import log_generation
+from generation.metrics import observe_generation
 from generation.models import Message
 from inference.backend import GenerationTask
 from inference.engine import GenerationResult, Job
@@ -29,6 +31,8 @@ def job_for(task: GenerationTask, *, on_done: Callable[[GenerationResult], None]
     def finish(result: GenerationResult) -> None:
         if task.admission is not None and not task.admission.granted():
             return  # refused after it started: nothing was recorded
+        observe_generation(task.model, result)
+        log_generation(task, result)
         usage_finish(stream_id=task.stream_id, usage_estimated=result.usage_estimated, **result.outcome_fields())
         if task.message_id is not None:
             message_finish(task.message_id, result)

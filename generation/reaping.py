@@ -18,6 +18,7 @@ from generation import runtime
 from generation.backends import backend
 from generation.dispatch import QUEUE_PRODUCER
 from generation.models import Message
+from inference.engine import INTERRUPTED
 from inference.streams import StreamNotFound, StreamStore
 
 logger = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ def message_mark_interrupted(message: Message) -> Message:
     Its stream, if still there, ends with an error event so that readers stop waiting.
     """
     settled = Message.objects.filter(pk=message.pk, status=Message.Status.STREAMING).update(
-        status=Message.Status.INTERRUPTED, error="The server stopped while this answer was being written."
+        status=Message.Status.INTERRUPTED, error=INTERRUPTED
     )
     if settled and message.stream_id:
         with contextlib.suppress(StreamNotFound, ValueError):  # gone, or ended meanwhile

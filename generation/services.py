@@ -13,7 +13,7 @@ from django.db import transaction
 
 from accounts.models import ApiKey, UsageRecord
 from accounts.services import InvalidRequest, Quota, account_for, usage_admit, usage_request_count
-from generation import runtime
+from generation import logs, runtime
 from generation.backends import backend
 from generation.dispatch import QUEUE_PRODUCER
 from generation.jobs import engine_thread_task
@@ -102,7 +102,14 @@ def generation_admit(
         code = "context_length_exceeded" if isinstance(unfit, ContextLengthExceeded) else None
         raise InvalidRequest(str(unfit), param="prompt", code=code) from None
     max_tokens = min(params.max_tokens, room, limits.max_tokens_per_request)
-    task = GenerationTask(stream_id or uuid.uuid4().hex, model, prompt, replace(params, max_tokens=max_tokens))
+    task = GenerationTask(
+        stream_id or uuid.uuid4().hex,
+        model,
+        prompt,
+        replace(params, max_tokens=max_tokens),
+        request_id=logs.request_id(),
+    )
+    logs.annotate(model=model, stream_id=task.stream_id)
     if start_early and runner.starts_early(model):
         task = replace(task, admission=Admission())
         runner.submit(task)

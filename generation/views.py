@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import hmac
+import ipaddress
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -19,12 +21,13 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect, push_url, reswap, retarget
 from django_htmx.middleware import HtmxDetails
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from accounts.services import account_for, quota_for
 from generation import runtime, services, sse
 from generation.backends import backend
 from generation.forms import ConversationRenameForm, ConversationSettingsForm, PromptForm
-from generation.metrics import render_metrics
+from generation.metrics import export_loads
 from generation.models import Conversation, Message
 from generation.reaping import message_mark_interrupted
 from generation.refusals import REFUSALS, Refusal, refusal_of
@@ -372,13 +375,35 @@ def readyz(request: HttpRequest) -> HttpResponse:
     if settings.REDIS_URL:
         checks["redis"] = _check(_ping_redis)
     ready = all(value == "ok" for value in checks.values())
-    return JsonResponse({"status": "ok" if ready else "unavailable", "checks": checks}, status=200 if ready else 503)
+    body: dict[str, Any] = {"status": "ok" if ready else "unavailable"}
+    if _operator(request):  # the details name hosts and errors: not for anyone
+        body["checks"] = checks
+    return JsonResponse(body, status=200 if ready else 503)
 
 
 @require_GET
 def metrics(request: HttpRequest) -> HttpResponse:
-    """Prometheus metrics."""
-    return HttpResponse(render_metrics(), content_type="text/plain; version=0.0.4; charset=utf-8")
+    """Prometheus metrics, for operators only (_operator)."""
+    if not _operator(request):
+        return HttpResponse(
+            "Metrics are for operators: send METRICS_TOKEN as a bearer token, or ask from this host.\n",
+            status=403,
+            content_type="text/plain",
+        )
+    export_loads(lambda: backend().loads(), lambda: backend().upstream.pool.snapshots())
+    return HttpResponse(generate_latest(), content_type=CONTENT_TYPE_LATEST)
+
+
+def _operator(request: HttpRequest) -> bool:
+    """A caller with the bearer METRICS_TOKEN, or one on this host that no proxy relays."""
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    if settings.METRICS_TOKEN and scheme.lower() == "bearer":
+        return hmac.compare_digest(given.strip().encode(), settings.METRICS_TOKEN.encode())
+    try:
+        local = ipaddress.ip_address(request.META.get("REMOTE_ADDR", "")).is_loopback
+    except ValueError:
+        return False
+    return local and "X-Forwarded-For" not in request.headers and "Forwarded" not in request.headers
 
 
 def _check(probe: Any) -> str:

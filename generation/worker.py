@@ -17,12 +17,15 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import TypeVar
 
+import prometheus_client
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connections
 
 from generation import runtime
+from generation.backends import InProcessBackend
 from generation.dispatch import QUEUE_PRODUCER
 from generation.jobs import job_for
+from generation.metrics import export_loads
 from generation.reaping import generation_abandon
 from generation.services import generation_cancel, generation_claims
 from inference.backend import GenerationTask
@@ -46,7 +49,18 @@ def start() -> None:
         return
     _started.set()
     runtime.local_engine()
+    if settings.WORKER_METRICS_PORT:
+        export_loads(InProcessBackend().loads, list)  # this worker's engines
+        prometheus_client.start_http_server(settings.WORKER_METRICS_PORT)
     threading.Thread(target=_beat, name="chatsite-worker-beat", daemon=True).start()
+
+
+def shut_down() -> None:
+    """Celery's warm shutdown (SIGTERM): as a web process's, the engines take no new
+    generation, let those under way finish for up to GRACEFUL_TIMEOUT seconds, and end
+    the rest as interrupted with their text; their tasks then return and Celery exits."""
+    if _started.is_set():
+        InProcessBackend().shut_down(settings.GRACEFUL_TIMEOUT)
 
 
 def _beat() -> None:

@@ -51,6 +51,8 @@ class GenerationTask:
     message_id: int | None = None
     # Generations ahead of it when it was admitted, as told to its readers (None: none).
     ahead: int | None = None
+    # The request that started it, named in its log line.
+    request_id: str | None = None
     # Set when it starts before its admission is written; never travels.
     admission: Admission | None = field(default=None, compare=False)
 
@@ -125,6 +127,11 @@ class GenerationBackend(Protocol):
 
     def start(self) -> None:
         """At server start: load the default model, begin housekeeping where it is due."""
+        ...
+
+    def shut_down(self, grace_s: float) -> None:
+        """Refuse new generations; let those under way finish for up to `grace_s` seconds;
+        end the rest as interrupted, their text kept (SIGTERM, GRACEFUL_TIMEOUT)."""
         ...
 
     def housekeep(self) -> None:

@@ -33,7 +33,7 @@ Event = tuple[str, str, dict[str, Any]]
 @dataclass(frozen=True)
 class GenerationResult:
     text: str
-    status: str  # "complete" | "stopped" | "error"
+    status: str  # "complete" | "stopped" | "error" | "interrupted" (Engine.shut_down)
     finish_reason: str
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -42,6 +42,10 @@ class GenerationResult:
     error: str = ""
     # The token counts are estimates: the model server that generated it reported none.
     usage_estimated: bool = False
+    # Why it failed, in the API's words (e.g. "upstream_timeout"); None: the generic code.
+    error_code: str | None = None
+    # From submission until a batch row (or a model server's slot) took it; None: never taken.
+    queue_wait_s: float | None = None
 
     @property
     def ttft_ms(self) -> int | None:
@@ -138,6 +142,9 @@ class EngineOverloaded(RuntimeError):
 
 SCHEDULERS = ("batched", "sequential")
 
+# An answer the server's shutdown cut short (Engine.shut_down; the reaper's, for a dead process).
+INTERRUPTED = "The server stopped while this answer was being written."
+
 
 class _Run:
     """One job's generation under way: publishes its text as it comes and builds its result."""
@@ -152,9 +159,10 @@ class _Run:
         self._finisher = engine._finisher
         self.pieces: list[str] = []
         self.first_token_at: float | None = None
-        self.last_progress = time.monotonic()
+        self.last_progress = self.taken_at = time.monotonic()
         self.stop = StopMatcher(job.params.stop)
         self.cancelled = False  # set by whoever watches the store's cancel flag
+        self._shutting_down = engine._interrupting
         self.sequence = Sequence(job.prompt, job.params, self.on_token, self.should_stop)
 
     def on_token(self, text: str) -> None:
@@ -162,7 +170,7 @@ class _Run:
             self._publish(self.stop.feed(text))
 
     def should_stop(self) -> bool:
-        return self.stop.matched or self.cancelled
+        return self.stop.matched or self.cancelled or self._shutting_down.is_set()
 
     def poll_cancelled(self) -> bool:
         """should_stop(), asking the store first: one round trip per call."""
@@ -187,6 +195,14 @@ class _Run:
     def finished(self, outcome: GenerationOutcome) -> GenerationResult:
         self._publish(self.stop.flush())
         finish_reason = "stop" if self.stop.matched else outcome.finish_reason
+        if finish_reason == "cancelled" and self._interrupted():
+            return self._result(
+                status="interrupted",
+                finish_reason="error",
+                error=INTERRUPTED,
+                prompt_tokens=outcome.prompt_tokens,
+                completion_tokens=outcome.completion_tokens,
+            )
         return self._result(
             status="stopped" if finish_reason == "cancelled" else "complete",
             finish_reason=finish_reason,
@@ -195,7 +211,13 @@ class _Run:
         )
 
     def cancelled_before_start(self) -> GenerationResult:
+        if self._interrupted():
+            return self._result(status="interrupted", finish_reason="error", error=INTERRUPTED)
         return self._result(status="stopped", finish_reason="cancelled")
+
+    def _interrupted(self) -> bool:
+        """Stopped by the server's shutdown, not by its reader."""
+        return self._shutting_down.is_set() and not self.cancelled and not self.stop.matched
 
     def failed(self, error: Exception) -> GenerationResult:
         if isinstance(error, UnfitPrompt):
@@ -210,6 +232,7 @@ class _Run:
             text="".join(self.pieces),
             ttft_s=None if self.first_token_at is None else self.first_token_at - started,
             duration_s=time.monotonic() - started,
+            queue_wait_s=self.taken_at - started,
             **kwargs,
         )
 
@@ -256,7 +279,8 @@ class Engine:
         # Sequential workers waiting for a job that no submitted job has been promised to yet.
         self._free = 0
         self._loaded = threading.Event()  # set once loading ended, well or not
-        self._stopping = threading.Event()
+        self._stopping = threading.Event()  # no new jobs; the threads end once none is left
+        self._interrupting = threading.Event()  # the jobs left end now, as interrupted
         self._threads: list[threading.Thread] = []
         self._workers: list[threading.Thread] = []
         # Saves and terminal events go out in order on their own thread, so that a slow
@@ -265,7 +289,11 @@ class Engine:
 
     @property
     def ready(self) -> bool:
-        return self.generator is not None
+        return self.generator is not None and not self._stopping.is_set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
 
     @property
     def queued(self) -> int:
@@ -295,6 +323,8 @@ class Engine:
 
         A job that has to wait is told how many are ahead of it (a `status` event)."""
         with self._lock:
+            if self._stopping.is_set():
+                raise EngineOverloaded("the server is shutting down")
             ahead = self.active + len(self._jobs) - self.max_concurrent
             if ahead >= self.max_queue:
                 raise EngineOverloaded(f"{ahead} generations are already waiting")
@@ -327,6 +357,23 @@ class Engine:
         for thread in [*self._workers, *self._threads]:
             thread.join(timeout)
         self._finisher.shutdown(wait=True)
+
+    def shut_down(self, grace_s: float) -> None:
+        """Refuse new jobs; let the running and waiting ones finish for up to `grace_s`
+        seconds; end the rest as interrupted, their text kept (within a decoding step);
+        then end the threads, once every result is saved."""
+        self._stopping.set()
+        with self._lock:
+            self._job_ready.notify_all()
+        deadline = time.monotonic() + grace_s
+        while self.busy() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self._interrupting.set()
+        self.stop()
+
+    def busy(self) -> bool:
+        with self._lock:
+            return self.active > 0 or bool(self._jobs)
 
     def _load_generator(self) -> None:
         try:
@@ -391,6 +438,7 @@ class Engine:
         self._publish_status(news)
         for job in gone:
             run = _Run(job, self)
+            run.cancelled = True
             self._finish(run, run.cancelled_before_start())
 
     def _places_changed(self, occupied: int) -> list[tuple[str, dict[str, Any]]]:
@@ -444,7 +492,8 @@ class Engine:
                 try:
                     if batch is None:
                         raise RuntimeError(f"the model is not loaded ({self.load_error})")
-                    if job.stream_id in cancelled:
+                    if job.stream_id in cancelled or self._interrupting.is_set():
+                        run.cancelled = job.stream_id in cancelled
                         self._finish(run, run.cancelled_before_start())
                     else:
                         batch.add(run.sequence)
@@ -505,7 +554,9 @@ class Engine:
         with self._lock:
             self.active -= 1
             self.generated_tokens += final.completion_tokens
-        if final.status == "error":
+        if final.status == "interrupted":  # as the reaper tells a dead process's readers
+            self._append_quietly(job.stream_id, "error", {"message": "interrupted", **final.summary()})
+        elif final.status == "error":
             self._append_quietly(job.stream_id, "error", {"message": final.error, **final.summary()})
         else:
             self._append_quietly(job.stream_id, "done", final.summary())

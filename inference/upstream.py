@@ -40,7 +40,7 @@ from typing import Any
 import httpx
 
 from inference.backend import Admission
-from inference.engine import EngineOverloaded, GenerationResult, Job
+from inference.engine import INTERRUPTED, EngineOverloaded, GenerationResult, Job
 from inference.generators import Prompt
 from inference.streams import StreamStore
 
@@ -186,8 +186,10 @@ class _Run:
     count_tokens: Callable[[str], int] | None  # the answer's, likewise; None: estimated
     task: asyncio.Task[None] | None = None
     cancelled: bool = False
+    interrupted: bool = False  # by the server's shutdown (UpstreamPool.shut_down)
     pieces: list[str] = field(default_factory=list)
     first_token_at: float | None = None
+    taken_at: float | None = None  # when an endpoint's slot took it
     last_progress: float = field(default_factory=time.monotonic)
     usage: dict[str, int] | None = None
     finish_reason: str = "stop"
@@ -228,6 +230,7 @@ class UpstreamPool:
         self._states: dict[str, EndpointState] = {}  # by endpoint name
         self._waiting: dict[str, deque[_Run]] = {}  # by model
         self._runs: dict[str, _Run] = {}  # running or waiting, by stream id
+        self._stopping = False  # shut_down(): new requests are refused
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client: httpx.AsyncClient | None = None
         self._room: asyncio.Condition | None = None
@@ -290,6 +293,8 @@ class UpstreamPool:
         `max_queue` requests already wait for room. `prompt_tokens` and `count_tokens`
         count the usage if the server reports none."""
         with self._lock:
+            if self._stopping:
+                raise EngineOverloaded("the server is shutting down")
             states = [s for s in self._states.values() if s.endpoint.model == model and s.available()]
             if not states:
                 raise NoEndpointAvailable(f"no endpoint of {model!r} is available")
@@ -302,6 +307,32 @@ class UpstreamPool:
         self.store.create(job.stream_id)
         loop = self._started_loop()
         asyncio.run_coroutine_threadsafe(self._start(run, body), loop)
+
+    def shut_down(self, grace_s: float) -> None:
+        """As Engine.shut_down: refuse new requests; let those under way finish for up to
+        `grace_s` seconds; close the rest as interrupted, their text kept; wait for the saves."""
+        with self._lock:
+            self._stopping = True
+        deadline = time.monotonic() + grace_s
+        while self._runs and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with self._lock:
+            left = list(self._runs.values())
+        for run in left:
+            run.interrupted = True
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(self._cancel, run)
+        deadline = time.monotonic() + 10  # a closed request ends within the loop's next turns
+        while self._runs and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self._finisher.shutdown(wait=True)
+
+    def _cancel(self, run: _Run) -> None:
+        """On the loop: stop a run (one not begun yet stops as it begins)."""
+        if not run.cancelled:
+            run.cancelled = True
+            if run.task is not None:
+                run.task.cancel()  # closes its HTTP request: the server stops generating
 
     def _started_loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
@@ -344,6 +375,8 @@ class UpstreamPool:
         tried: set[str] = set()
         failure: UpstreamFailed | None = None
         try:
+            if run.cancelled:
+                raise asyncio.CancelledError  # stopped before it began
             while True:
                 state = await self._acquire(run, tried)
                 if state is None:
@@ -401,6 +434,7 @@ class UpstreamPool:
                         ahead = line.index(run)
                         chosen, news = None, False
                 if chosen is not None:
+                    run.taken_at = run.taken_at or time.monotonic()
                     if news:
                         self._append(run.job.stream_id, "status", {"state": "running"})
                     return chosen
@@ -540,6 +574,8 @@ class UpstreamPool:
         started = run.job.submitted_at
         if failure is not None:
             status, finish_reason, error = "error", "error", str(failure)
+        elif run.interrupted:
+            status, finish_reason, error = "interrupted", "error", INTERRUPTED
         elif run.finish_reason == "cancelled":
             status, finish_reason, error = "stopped", "cancelled", ""
         else:
@@ -551,6 +587,8 @@ class UpstreamPool:
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             ttft_s=None if run.first_token_at is None else run.first_token_at - started,
+            queue_wait_s=None if run.taken_at is None else run.taken_at - started,
+            error_code=failure.code if failure is not None else None,
             duration_s=time.monotonic() - started,
             error=error,
             usage_estimated=estimated,
@@ -566,6 +604,8 @@ class UpstreamPool:
         if failure is not None:
             data = {"message": result.error, "status_code": failure.status, "code": failure.code, **summary}
             self._append(job.stream_id, "error", data)
+        elif result.status == "interrupted":  # as the engine's and the reaper's
+            self._append(job.stream_id, "error", {"message": "interrupted", **summary})
         else:
             self._append(job.stream_id, "done", summary)
 
@@ -591,10 +631,7 @@ class UpstreamPool:
                 logger.exception("Could not read the cancel flags; looking again shortly")
                 continue
             for stream_id in cancelled:
-                run = runs[stream_id]
-                if not run.cancelled and run.task is not None:
-                    run.cancelled = True
-                    run.task.cancel()  # closes its HTTP request: the server stops generating
+                self._cancel(runs[stream_id])
 
     async def _beat(self) -> None:
         """Beat as `producer` while serving, as the engine does, so that the reaper never

@@ -70,6 +70,8 @@ class LiveSite:
             # No title generations after first answers, which would take batch rows and
             # queue places that tests and benchmarks count; those about titles turn it on.
             "CHAT_AUTO_TITLE": "0",
+            # Stopped at a test's end: answers still running get 2 s, not 30, to finish.
+            "GRACEFUL_TIMEOUT": "2",
             **(env or {}),
         }
         self.ready_timeout = ready_timeout
@@ -90,6 +92,8 @@ class LiveSite:
                 sys.executable,
                 "-m",
                 "daphne",
+                "--access-log",  # as `make run`: chatsite's own request lines only
+                "/dev/null",
                 "--bind",
                 "127.0.0.1",
                 "--port",

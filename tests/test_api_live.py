@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -42,7 +43,7 @@ def client(live_site, alice_key) -> openai.OpenAI:
 
 def active_generations(site: LiveSite) -> int:
     metrics = httpx.get(f"{site.base_url}/metrics").text
-    return sum(int(v) for v in re.findall(r"^chatsite_active_generations\{[^}]*\} (\d+)$", metrics, re.M))
+    return round(sum(float(v) for v in re.findall(r"^chatsite_active_generations\{[^}]*\} (\S+)$", metrics, re.M)))
 
 
 def test_the_api_and_the_probes_skip_the_browsers_middleware_and_pages_keep_it(live_site, alice_key):
@@ -54,6 +55,34 @@ def test_the_api_and_the_probes_skip_the_browsers_middleware_and_pages_keep_it(l
     assert api.headers["X-Content-Type-Options"] == "nosniff"
     assert "X-Frame-Options" not in api.headers and "X-Frame-Options" not in probe.headers
     assert page.headers["X-Frame-Options"] == "DENY" and "csrftoken" in page.cookies
+
+
+def test_the_server_logs_one_json_line_per_request_and_generation_and_never_a_key_or_a_prompt(live_site, client):
+    secret = "zebra-umbrella-4711"
+    client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": f"Say {secret}"}],
+        max_tokens=4,
+        extra_headers={"X-Request-ID": "live-log-1"},
+    )
+    models = httpx.get(
+        f"{live_site.base_url}/v1/models?api_key={client.api_key}", headers={"X-Request-ID": "live-log-2"}
+    )
+    assert models.headers["X-Request-Id"] == "live-log-2"
+
+    deadline = time.monotonic() + 10
+    while '"live-log-2"' not in live_site.log_path.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    text = live_site.log_path.read_text()
+    lines = [json.loads(line) for line in text.splitlines() if line.strip()]  # every line is one JSON record
+    mine = [line for line in lines if line.get("request_id") == "live-log-1"]
+    (access,) = [line for line in mine if line["logger"] == "chatsite.access"]
+    (generation,) = [line for line in mine if line["logger"] == "chatsite.generation"]
+    assert access["status"] == 200 and access["method"] == "POST" and access["path"] == "/v1/chat/completions"
+    assert access["user_id"] and access["key_prefix"] and access["model"] == MODEL and access["stream_id"]
+    assert generation["stream_id"] == access["stream_id"] and 1 <= generation["completion_tokens"] <= 4
+    assert generation["ttft_ms"] is not None and generation["duration_ms"] >= generation["ttft_ms"]
+    assert client.api_key not in text and secret not in text
 
 
 def test_models_list(client):

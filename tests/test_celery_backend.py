@@ -56,7 +56,8 @@ def deployment():
         with LiveSite(env=env) as a, LiveSite(env=env) as b:
             admin_env = {**a.env, "DJANGO_SUPERUSER_USERNAME": ADMIN[0], "DJANGO_SUPERUSER_PASSWORD": ADMIN[1]}
             subprocess.run([sys.executable, "manage.py", "ensure_superuser"], cwd=ROOT, env=admin_env, check=True)
-            with LiveWorker(a.env) as worker, LiveWorker(a.env, queue="housekeeping", beat=True) as beat:
+            worker_env = {**a.env, "WORKER_METRICS_PORT": str(free_port())}
+            with LiveWorker(worker_env) as worker, LiveWorker(a.env, queue="housekeeping", beat=True) as beat:
                 yield a, b, worker, beat
 
 
@@ -259,7 +260,7 @@ def test_two_web_processes_behind_one_port_stream_token_by_token(deployment, one
 
 
 def test_real_model_through_the_worker_with_the_openai_client(deployment):
-    a, b, _, _ = deployment
+    a, b, worker, _ = deployment
     dave = user_on(b)
     page = dave.http.get("/accounts/keys/")
     token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)
@@ -281,3 +282,11 @@ def test_real_model_through_the_worker_with_the_openai_client(deployment):
     assert text.strip()
     assert chunks[-1].choices == [] or chunks[-1].choices[0].finish_reason in ("stop", "length")
     assert any(c.choices and c.choices[0].finish_reason for c in chunks)
+
+    # The worker generated it, and exports its own metrics.
+    metrics = httpx.get(f"http://127.0.0.1:{worker.env['WORKER_METRICS_PORT']}/metrics").text
+    assert re.search(
+        r'^chatsite_generations_total\{model="smollm2-135m-instruct",status="complete"\} [1-9]', metrics, re.M
+    )
+    assert re.search(r'^chatsite_ttft_seconds_count\{model="smollm2-135m-instruct"\} [1-9]', metrics, re.M)
+    assert 'chatsite_active_generations{model="synthetic"}' in metrics

@@ -192,3 +192,38 @@ def test_engine_beats_as_its_producer_while_running(scheduler):
     engine.start()
     wait_until(lambda: store.producer_alive("web-1"), timeout=5)
     engine.stop(5)
+
+
+def test_shut_down_lets_short_answers_finish_then_interrupts_the_rest_with_their_text(stream_store, scheduler):
+    engine = Engine(
+        lambda: SyntheticGenerator(tokens_per_s=50, answer_words=10_000),
+        stream_store,
+        scheduler=scheduler,
+        max_concurrent=2,
+    )
+    engine.start()
+    assert engine.wait_ready(30)
+    finished: dict[str, GenerationResult] = {}
+
+    def job(stream_id: str, max_tokens: int) -> Job:
+        params = GenerationParams(max_tokens=max_tokens)
+        return Job(stream_id, PROMPT, params, on_finish=lambda result: finished.setdefault(stream_id, result))
+
+    engine.submit(job("short", 10))  # 0.2 s
+    engine.submit(job("long", 5_000))  # 100 s
+    engine.submit(job("next", 5_000))  # takes the short one's row
+    engine.submit(job("waiting", 5_000))  # behind the long ones: never starts
+    wait_until(lambda: any(e.type == "token" for e in stream_store.events("long")))
+
+    engine.shut_down(grace_s=1.0)
+
+    assert finished["short"].status == "complete" and finished["short"].completion_tokens == 10
+    long = finished["long"]
+    assert long.status == "interrupted" and long.text and long.error.startswith("The server stopped")
+    assert finished["next"].status == "interrupted" and finished["next"].text
+    assert finished["waiting"].status == "interrupted" and finished["waiting"].text == ""
+    terminal = stream_store.events("long")[-1]
+    assert terminal.type == "error" and terminal.data["message"] == "interrupted"
+    with pytest.raises(EngineOverloaded):
+        engine.submit(job("late", 5))
+    assert not engine.ready and not engine.busy()

@@ -1,0 +1,164 @@
+"""Request ids, the request and generation log lines, and who may read /metrics and /readyz."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import io
+import json
+import logging
+import re
+from logging.config import DictConfigurator
+
+import pytest
+from django.conf import settings
+from prometheus_client import REGISTRY
+
+from accounts.services import api_key_create
+from chatsite.observability import RequestLog, route_of
+from generation import logs
+from tests.generation.test_api import CHAT, post
+
+# The engine's thread saves the usage record: it must see the test's rows.
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def alice_key(alice) -> str:
+    return api_key_create(user=alice, name="test")[1]
+
+
+def run_request(app, path: str, *, query: bytes = b"", headers: list[tuple[bytes, bytes]] | None = None):
+    """One HTTP request through `app` (an ASGI callable); the response's start message."""
+    sent: list[dict] = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "GET", "path": path, "query_string": query, "headers": headers or []}
+    asyncio.run(RequestLog(app)(scope, receive, send))
+    return sent[0]
+
+
+async def plain_ok(scope, receive, send):
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+def test_a_request_keeps_a_usable_id_it_brings_and_gets_one_otherwise(caplog):
+    caplog.set_level(logging.INFO, logger="chatsite.access")
+    given = run_request(plain_ok, "/healthz", headers=[(b"x-request-id", b"trace-42")])
+    made = run_request(plain_ok, "/healthz")
+    hostile = run_request(plain_ok, "/healthz", headers=[(b"x-request-id", b"a\nforged line")])
+
+    assert dict(given["headers"])[b"X-Request-Id"] == b"trace-42"
+    assert re.fullmatch(rb"[0-9a-f]{32}", dict(made["headers"])[b"X-Request-Id"])
+    assert b"forged" not in dict(hostile["headers"])[b"X-Request-Id"]
+    assert caplog.records[0].request_id == "trace-42"
+
+
+def test_the_request_line_hides_query_values_and_counts_the_route(caplog):
+    caplog.set_level(logging.INFO, logger="chatsite.access")
+    before = REGISTRY.get_sample_value(
+        "chatsite_http_requests_total", {"route": "/v1/models", "method": "GET", "status": "200"}
+    )
+    run_request(plain_ok, "/v1/models", query=b"api_key=sk-very-secret&after=3")
+
+    (record,) = [r for r in caplog.records if r.name == "chatsite.access"]
+    assert record.query == "api_key=***&after=***" and "sk-very-secret" not in caplog.text
+    assert record.status == 200 and record.path == "/v1/models" and record.duration_ms >= 0
+    after = REGISTRY.get_sample_value(
+        "chatsite_http_requests_total", {"route": "/v1/models", "method": "GET", "status": "200"}
+    )
+    assert after == (before or 0) + 1
+
+
+def test_routes_are_patterns_not_paths():
+    assert route_of("/chat/streams/0b7c6d7e-1c3a-4a41-9a51-7a9b1f0c2d3e/") == "/chat/streams/<str:stream_id>/"
+    assert route_of("/no/such/page") == "unmatched"
+    assert route_of(f"/{settings.STATIC_URL}app.css".replace("//", "/")) == "static"
+
+
+def test_a_json_log_line_is_one_line_with_its_traceback_inside():
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(DictConfigurator({}).configure_formatter(dict(settings.LOGGING["formatters"]["json"])))
+    handler.addFilter(logs.RequestContext())
+    logger = logging.getLogger("chatsite.test.json")
+    logger.addHandler(handler)
+
+    def log_a_failure() -> None:
+        logs.request_begin("req-7")
+        try:
+            raise RuntimeError("boom")
+        except RuntimeError:
+            logger.exception("it failed")
+
+    try:
+        contextvars.copy_context().run(log_a_failure)  # a request of its own
+    finally:
+        logger.removeHandler(handler)
+    (line,) = stream.getvalue().splitlines()
+    record = json.loads(line)
+    assert record["level"] == "ERROR" and record["request_id"] == "req-7" and record["message"] == "it failed"
+    assert "RuntimeError: boom" in record["exc_info"]
+
+
+def test_an_api_generation_logs_one_line_with_its_request_and_is_measured(alice_key, fast_engine, caplog):
+    caplog.set_level(logging.INFO, logger="chatsite.generation")
+    before = REGISTRY.get_sample_value("chatsite_ttft_seconds_count", {"model": "smollm2-135m-instruct"}) or 0
+    response = post("/v1/chat/completions", {**CHAT, "max_tokens": 3}, alice_key, HTTP_X_REQUEST_ID="gen-1")
+
+    assert response.status_code == 200
+    (record,) = [r for r in caplog.records if r.name == "chatsite.generation"]
+    assert record.request_id == "gen-1" and record.completion_tokens == 3 and record.status == "complete"
+    assert record.ttft_ms is not None and record.queue_wait_ms is not None
+    assert "content" not in record.__dict__ and "Hello" not in caplog.text  # never the prompt or the answer
+    after = REGISTRY.get_sample_value("chatsite_ttft_seconds_count", {"model": "smollm2-135m-instruct"})
+    assert after == before + 1
+
+
+@pytest.mark.parametrize(
+    ("remote", "headers", "allowed"),
+    [
+        ("127.0.0.1", {}, True),
+        ("::1", {}, True),
+        ("10.1.2.3", {}, False),
+        ("127.0.0.1", {"HTTP_X_FORWARDED_FOR": "203.0.113.9"}, False),  # relayed by a local proxy
+    ],
+)
+def test_metrics_are_for_local_callers_without_a_token(client, fast_engine, remote, headers, allowed):
+    response = client.get("/metrics", REMOTE_ADDR=remote, **headers)
+    assert response.status_code == (200 if allowed else 403)
+    if allowed:
+        assert "chatsite_active_generations" in response.content.decode()
+
+
+def test_metrics_take_the_bearer_token_from_anywhere(client, fast_engine, settings):
+    settings.METRICS_TOKEN = "scrape-me"
+    good = client.get("/metrics", REMOTE_ADDR="10.1.2.3", HTTP_AUTHORIZATION="Bearer scrape-me")
+    wrong = client.get("/metrics", REMOTE_ADDR="127.0.0.1", HTTP_AUTHORIZATION="Bearer guess")
+    assert good.status_code == 200 and "chatsite_generated_tokens_total" in good.content.decode()
+    assert wrong.status_code == 403
+
+
+def test_readyz_tells_strangers_only_whether_it_is_ready(client, fast_engine):
+    stranger = client.get("/readyz", REMOTE_ADDR="10.1.2.3")
+    operator = client.get("/readyz")
+    assert stranger.status_code == operator.status_code == 200
+    assert stranger.json() == {"status": "ok"}
+    assert operator.json()["checks"]["database"] == "ok"
+
+
+def test_the_grafana_dashboard_asks_only_for_series_the_service_exports(alice_key, fast_engine, client):
+    post("/v1/chat/completions", {**CHAT, "max_tokens": 3}, alice_key)
+    post("/v1/chat/completions", {**CHAT, "max_tokens": 10**9}, alice_key)  # an API error
+    exported = client.get("/metrics").content.decode()
+    dashboard = (settings.BASE_DIR / "docs" / "grafana-dashboard.json").read_text()
+    # Model servers' and GPU series exist only with model servers and on CUDA.
+    asked = set(re.findall(r"chatsite_(?!upstream_|gpu_)\w+", dashboard))
+    missing = {name for name in asked if re.sub(r"_bucket$", "", name) not in exported}
+    assert asked and not missing
