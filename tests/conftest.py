@@ -116,15 +116,6 @@ def wait_for_terminal(store: InMemoryStreamStore, stream_id: str, timeout: float
     raise AssertionError(f"stream {stream_id} did not end within {timeout} s")
 
 
-def clear_of_a_minute_edge(margin_s: float = 5) -> None:
-    """Wait, if need be, until a new minute has just begun.
-
-    Requests per minute are counted per calendar minute: a test whose requests must all
-    fall in one window starts well before its end."""
-    if time.time() % 60 > 60 - margin_s:
-        time.sleep(60 - time.time() % 60 + 0.1)
-
-
 def wait_until(condition: Callable[[], bool], timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
