@@ -193,6 +193,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# The largest request body (Django's default, 2.5 MB): bigger ones are refused before they
+# are read (chatsite.body_limit), and the API answers 413 (api.views). The site takes no uploads.
+DATA_UPLOAD_MAX_MEMORY_SIZE = 2_621_440
+
 REDIS_URL = env_str("REDIS_URL", "").strip() or None
 # Namespace for every Redis key, so that several sites (or test runs) share a server.
 REDIS_KEY_PREFIX = env_str("REDIS_KEY_PREFIX", "chatsite").strip() or "chatsite"

@@ -198,7 +198,8 @@ def test_malformed_bodies_are_400_and_start_nothing(alice, alice_key, fast_engin
 def test_oversized_body_is_413(alice_key, fast_engine, settings):
     settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
     body = {**CHAT, "messages": [{"role": "user", "content": "x" * 2000}]}
-    assert_error(post("/v1/chat/completions", body, alice_key), 413, None)
+    error = assert_error(post("/v1/chat/completions", body, alice_key), 413, "request_too_large")
+    assert error["message"] == "The request body is larger than 1000 bytes."
 
 
 def test_prompt_longer_than_the_context_is_context_length_exceeded(alice_key, fast_engine, monkeypatch):
