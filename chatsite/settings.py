@@ -229,6 +229,9 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+# open: anyone signs up and is logged in; approval: new accounts wait, inactive, for an
+# admin to approve them (the users admin); closed: only admins make accounts.
+CHAT_SIGNUP = env_choice("CHAT_SIGNUP", "open", ("open", "approval", "closed"))
 LOGIN_URL = "accounts:login"
 LOGIN_REDIRECT_URL = "generation:chat"
 LOGOUT_REDIRECT_URL = "accounts:login"

@@ -101,6 +101,7 @@ def run_check(**env: str) -> subprocess.CompletedProcess:
         ("CHAT_MODEL", "no-such-model"),
         ("CHAT_SYNTHETIC_TOKENS_PER_S", "0"),
         ("DATABASE_URL", "nosuchdb://x"),
+        ("CHAT_SIGNUP", "invite"),
     ],
 )
 def test_bad_value_stops_start_up_naming_the_variable(variable, value):
