@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import math
 from typing import Any
 
+from axes.helpers import get_client_username
+from axes.models import AccessAttempt
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import login
@@ -9,8 +12,10 @@ from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.forms import UserCreationForm
 from django.contrib.auth.models import User
+from django.db.models import Max
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
@@ -60,6 +65,20 @@ class LoginView(auth_views.LoginView):
 
     def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
         return {**super().get_context_data(**kwargs), "signup_open": settings.CHAT_SIGNUP != "closed"}
+
+
+def locked_out(
+    request: HttpRequest, original_response: Any = None, credentials: dict[str, Any] | None = None
+) -> HttpResponse:
+    """django-axes' answer to a log-in while locked out (AXES_LOCKOUT_CALLABLE): for how long yet."""
+    username = get_client_username(request, credentials)
+    failures = AccessAttempt.objects.filter(username=username, ip_address=getattr(request, "axes_ip_address", None))
+    last = failures.aggregate(last=Max("attempt_time"))["last"] or timezone.now()
+    wait_s = max(1, math.ceil((last + settings.AXES_COOLOFF_TIME - timezone.now()).total_seconds()))
+    context = {"username": username, "failure_limit": settings.AXES_FAILURE_LIMIT, "minutes": math.ceil(wait_s / 60)}
+    response = render(request, "accounts/locked_out.html", context, status=429)
+    response["Retry-After"] = str(wait_s)
+    return response
 
 
 # never_cache: the response to a create holds the plain key; no cache may keep it.
