@@ -4,12 +4,14 @@ import os
 import re
 import shutil
 import time
+import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
 from django.conf import settings as django_settings
 from django.test import Client
 
+from accounts import rate_limit
 from generation import backends, runtime
 from inference.engine import Engine
 from inference.generators import Generator, SyntheticGenerator, load_generator
@@ -34,6 +36,16 @@ def _no_titles_unless_asked(settings):
     # A title is one more generation after each first answer; tests that count
     # generations or queue places would see it. Title tests turn it back on.
     settings.CHAT_AUTO_TITLE = False
+
+
+@pytest.fixture(autouse=True)
+def _requests_counted_afresh(settings, monkeypatch):
+    # Each test's users have the ids of earlier tests' users (the database rolls back), and
+    # requests per minute are counted for 60 s by user id: start each test with none.
+    monkeypatch.setattr(rate_limit, "_local_log", rate_limit.LocalRequestLog())
+    if settings.REDIS_URL:
+        prefix = f"{settings.REDIS_KEY_PREFIX}-test-{uuid.uuid4().hex[:12]}"  # its keys expire in 60 s
+        settings.CACHES = {"default": {**settings.CACHES["default"], "KEY_PREFIX": prefix}}
 
 
 @pytest.fixture

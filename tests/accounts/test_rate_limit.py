@@ -115,13 +115,11 @@ def test_the_redis_log_expires_with_its_window(redis_caches):
 
 
 @pytest.fixture(params=["local", pytest.param("redis", marks=needs_redis)])
-def site_cache(request, settings, monkeypatch):
+def site_cache(request, settings):
     if request.param == "redis":
         request.getfixturevalue("redis_caches")
-        return
-    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
-    # Users of this test database may have counted requests in this process before.
-    monkeypatch.setattr("accounts.rate_limit._local_log", LocalRequestLog())
+    else:
+        settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 
 @pytest.mark.django_db
