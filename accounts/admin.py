@@ -52,9 +52,16 @@ admin.site.unregister(User)
 @admin.register(User)
 class UserAdmin(BaseUserAdmin):
     inlines = [AccountInline]
-    list_display = ["username", "email", "first_name", "last_name", "is_staff", "plan"]
-    list_filter = ["is_staff", "is_superuser", "is_active", "groups", "account__plan"]
+    list_display = ["username", "email", "first_name", "last_name", "is_active", "is_staff", "plan", "date_joined"]
+    # "Active: No" lists the accounts awaiting approval (CHAT_SIGNUP=approval).
+    list_filter = ["is_active", "is_staff", "is_superuser", "groups", "account__plan"]
     list_select_related = ["account__plan"]
+    actions = ["approve"]
+
+    @admin.action(description="Approve selected users (activate their accounts)", permissions=["change"])
+    def approve(self, request: HttpRequest, queryset: QuerySet[User]) -> None:
+        approved = queryset.filter(is_active=False).update(is_active=True)
+        self.message_user(request, f"Approved {approved} user(s): they can log in now.", messages.SUCCESS)
 
     @admin.display(description="plan", ordering="account__plan__name")
     def plan(self, user: User) -> str:

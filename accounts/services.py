@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 from dataclasses import dataclass
 
 from django.contrib.auth.models import User
-from django.core.cache import cache
 from django.db import transaction
 from django.db.models import Case, Count, F, Q, Sum, When
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
 from accounts.models import DEFAULT_PLAN, Account, ApiKey, Limits, Plan, UsageDay, UsageRecord, hash_key
+from accounts.rate_limit import WINDOW_S, request_log
 
 
 class QuotaExceeded(Exception):
@@ -43,7 +44,7 @@ class Quota:
     limits: Limits
     requests_remaining: int
     tokens_used_today: int
-    requests_reset_s: int
+    requests_reset_s: int  # until every request counted now has left the per-minute window
     tokens_reset_s: int
 
     @property
@@ -80,12 +81,12 @@ def account_for(user: User) -> Account:
 def quota_for(user: User, *, limits: Limits | None = None) -> Quota:
     limits = limits or account_for(user).limits
     now = timezone.now()
-    used = _requests_this_minute(user, now)
+    window = request_log().look(_rate_key(user), now=now.timestamp())
     return Quota(
         limits=limits,
-        requests_remaining=limits.requests_per_minute - used,
+        requests_remaining=limits.requests_per_minute - window.count,
         tokens_used_today=_tokens_today(user, now),
-        requests_reset_s=60 - now.second,
+        requests_reset_s=math.ceil(window.empty_in_s),
         tokens_reset_s=_seconds_to_midnight(now),
     )
 
@@ -93,20 +94,22 @@ def quota_for(user: User, *, limits: Limits | None = None) -> Quota:
 def usage_request_count(*, user: User, limits: Limits, requested_max_tokens: int | None) -> int:
     """Count a generation request against the per-minute limit: the cheap checks, made first.
 
-    Returns the requests made this minute, this one included. Raises InvalidRequest (a
-    max_tokens beyond the plan, not counted) or QuotaExceeded (rate_limit_exceeded).
+    The limit holds in any 60 seconds (accounts.rate_limit). Returns the requests of the
+    last 60 s, this one included. Raises InvalidRequest (a max_tokens beyond the plan, not
+    counted) or QuotaExceeded (rate_limit_exceeded, not counted either; Retry-After is when
+    the oldest request of the window leaves it).
     """
     if requested_max_tokens is not None and requested_max_tokens > limits.max_tokens_per_request:
         raise InvalidRequest(f"max_tokens is at most {limits.max_tokens_per_request} on your plan.", param="max_tokens")
-    now = timezone.now()
-    requests = _count_request(user, now)
-    if requests > limits.requests_per_minute:
+    limit = limits.requests_per_minute
+    window = request_log().admit(_rate_key(user), limit=limit, now=timezone.now().timestamp())
+    if not window.admitted:
         raise QuotaExceeded(
             "rate_limit_exceeded",
-            f"Rate limit reached: {limits.requests_per_minute} requests per minute.",
-            retry_after=60 - now.second,
+            f"Rate limit reached: {limit} requests per minute.",
+            retry_after=max(1, math.ceil(window.free_in_s)),
         )
-    return requests
+    return window.count
 
 
 def usage_admit(
@@ -165,7 +168,7 @@ def usage_admit(
         limits=limits,
         requests_remaining=limits.requests_per_minute - requests,
         tokens_used_today=limits.tokens_per_day - remaining + prompt_tokens + granted,
-        requests_reset_s=60 - now.second,
+        requests_reset_s=int(WINDOW_S),  # this request, just counted, is the window's newest
         tokens_reset_s=_seconds_to_midnight(now),
     )
     return record, granted, quota
@@ -271,20 +274,8 @@ def api_key_authenticate(plain: str) -> ApiKey | None:
     return key
 
 
-def _count_request(user: User, now: dt.datetime) -> int:
-    """Count one request in this minute's window (atomic in Redis and in the local cache)."""
-    key = f"ratelimit:{user.pk}:{now:%Y%m%d%H%M}"
-    # incr() first: on Redis that is two round trips, and add() only for the minute's first.
-    try:
-        return int(cache.incr(key))
-    except ValueError:  # the minute's first request
-        if cache.add(key, 1, timeout=120):
-            return 1
-        return int(cache.incr(key))  # another request added it meanwhile
-
-
-def _requests_this_minute(user: User, now: dt.datetime) -> int:
-    return int(cache.get(f"ratelimit:{user.pk}:{now:%Y%m%d%H%M}", 0))
+def _rate_key(user: User) -> str:
+    return f"ratelimit:{user.pk}"
 
 
 def _tokens_today(user: User, now: dt.datetime) -> int:

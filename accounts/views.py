@@ -1,16 +1,25 @@
 from __future__ import annotations
 
+import math
+from typing import Any
+
+from axes.helpers import get_client_username
+from axes.models import AccessAttempt
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import login
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.forms import UserCreationForm
 from django.contrib.auth.models import User
+from django.db.models import Max
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
 from django.views.decorators.cache import never_cache
-from django.views.decorators.http import require_http_methods, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from accounts.forms import ApiKeyCreateForm
+from accounts.forms import ApiKeyCreateForm, LoginForm
 from accounts.models import ApiKey
 from accounts.services import account_for, api_key_create, quota_for
 
@@ -23,15 +32,53 @@ class AuthenticatedHttpRequest(HttpRequest):
 
 @require_http_methods(["GET", "POST"])
 def signup(request: HttpRequest) -> HttpResponse:
+    """Sign-up as CHAT_SIGNUP says: open, waiting for an admin's approval, or closed (403)."""
     if request.user.is_authenticated:
         return redirect("generation:chat")
+    if settings.CHAT_SIGNUP == "closed":
+        return render(request, "accounts/signup_closed.html", status=403)
     form: UserCreationForm[User] = UserCreationForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
-        user = form.save()
+        user = form.save(commit=False)
+        user.is_active = settings.CHAT_SIGNUP == "open"
+        user.save()
+        if not user.is_active:
+            return redirect("accounts:signup_pending")
         login(request, user, backend="django.contrib.auth.backends.ModelBackend")
         return redirect("generation:chat")
     status = 400 if request.method == "POST" else 200
-    return render(request, "accounts/signup.html", {"form": form}, status=status)
+    context = {"form": form, "approval": settings.CHAT_SIGNUP == "approval"}
+    return render(request, "accounts/signup.html", context, status=status)
+
+
+@require_GET
+def signup_pending(request: HttpRequest) -> HttpResponse:
+    return render(request, "accounts/signup_pending.html")
+
+
+class LoginView(auth_views.LoginView):
+    """Django's log-in page, offering sign-up unless it is closed."""
+
+    template_name = "accounts/login.html"
+    redirect_authenticated_user = True
+    form_class = LoginForm
+
+    def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
+        return {**super().get_context_data(**kwargs), "signup_open": settings.CHAT_SIGNUP != "closed"}
+
+
+def locked_out(
+    request: HttpRequest, original_response: Any = None, credentials: dict[str, Any] | None = None
+) -> HttpResponse:
+    """django-axes' answer to a log-in while locked out (AXES_LOCKOUT_CALLABLE): for how long yet."""
+    username = get_client_username(request, credentials)
+    failures = AccessAttempt.objects.filter(username=username, ip_address=getattr(request, "axes_ip_address", None))
+    last = failures.aggregate(last=Max("attempt_time"))["last"] or timezone.now()
+    wait_s = max(1, math.ceil((last + settings.AXES_COOLOFF_TIME - timezone.now()).total_seconds()))
+    context = {"username": username, "failure_limit": settings.AXES_FAILURE_LIMIT, "minutes": math.ceil(wait_s / 60)}
+    response = render(request, "accounts/locked_out.html", context, status=429)
+    response["Retry-After"] = str(wait_s)
+    return response
 
 
 # never_cache: the response to a create holds the plain key; no cache may keep it.

@@ -14,6 +14,7 @@ from functools import wraps
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponseBase, JsonResponse
@@ -68,6 +69,11 @@ class ApiError(Exception):
     def body(self) -> dict[str, Any]:
         error_type = "insufficient_quota" if self.code == "insufficient_quota" else ERROR_TYPES.get(self.status)
         return {"error": {"message": self.message, "type": error_type, "param": self.param, "code": self.code}}
+
+
+def body_too_large(limit: int) -> ApiError:
+    """The refusal of a body over DATA_UPLOAD_MAX_MEMORY_SIZE: here, and in chatsite.body_limit before it is read."""
+    return ApiError(413, f"The request body is larger than {limit} bytes.", code="request_too_large")
 
 
 @dataclass
@@ -333,7 +339,7 @@ def _parse(request: HttpRequest, schema: type[CompletionOptions]) -> CompletionO
     try:
         raw = request.body
     except RequestDataTooBig:
-        raise ApiError(413, "The request body is too large.") from None
+        raise body_too_large(settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 0) from None
     try:
         return schema.model_validate_json(raw)
     except ValidationError as invalid:

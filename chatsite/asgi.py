@@ -20,6 +20,7 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 
+from chatsite.body_limit import BodyLimit, install_in_daphne  # noqa: E402
 from chatsite.observability import RequestLog  # noqa: E402
 from generation import routing  # noqa: E402
 from generation.backends import backend  # noqa: E402
@@ -54,7 +55,12 @@ async def http_application(scope: dict[str, Any], receive: Any, send: Any) -> No
     await handler(scope, receive, send)
 
 
-application = ProtocolTypeRouter({"http": RequestLog(http_application), "websocket": routing.websocket_application})
+# Bodies over DATA_UPLOAD_MAX_MEMORY_SIZE are refused before they are read: here for any
+# ASGI server, and in daphne's HTTP layer, which otherwise reads a whole body first.
+install_in_daphne()
+application = ProtocolTypeRouter(
+    {"http": RequestLog(BodyLimit(http_application)), "websocket": routing.websocket_application}
+)
 
 # Load the model now, so /readyz turns 200 without waiting for a request, and settle
 # the answers that a previous, dead process left streaming.

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
+import re
 import secrets
 import sys
 from pathlib import Path
@@ -99,6 +101,16 @@ def env_device(name: str, default: str) -> str:
     raise ImproperlyConfigured(f"{name} must be auto, cpu, cuda or cuda:N (got {value!r}).")
 
 
+def env_header(name: str) -> str | None:
+    """An HTTP header's name, as its request.META key (X-Real-IP: HTTP_X_REAL_IP); unset: None."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    if not re.fullmatch(r"[A-Za-z0-9-]+", value):
+        raise ImproperlyConfigured(f"{name} must be an HTTP header's name, such as X-Forwarded-For (got {value!r}).")
+    return "HTTP_" + value.upper().replace("-", "_")
+
+
 def _secret_key() -> str:
     """Use DJANGO_SECRET_KEY, else one generated once per checkout into .env.local."""
     if key := os.environ.get("DJANGO_SECRET_KEY"):
@@ -130,6 +142,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "django_htmx",
+    "axes",
     "accounts",
     "generation",
     "api",
@@ -146,6 +159,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last, as django-axes asks: it turns a locked-out log-in into the lock-out page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "chatsite.urls"
@@ -194,6 +209,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# The largest request body (Django's default, 2.5 MB): bigger ones are refused before they
+# are read (chatsite.body_limit), and the API answers 413 (api.views). The site takes no uploads.
+DATA_UPLOAD_MAX_MEMORY_SIZE = 2_621_440
+
 REDIS_URL = env_str("REDIS_URL", "").strip() or None
 # Namespace for every Redis key, so that several sites (or test runs) share a server.
 REDIS_KEY_PREFIX = env_str("REDIS_KEY_PREFIX", "chatsite").strip() or "chatsite"
@@ -226,6 +245,27 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+# open: anyone signs up and is logged in; approval: new accounts wait, inactive, for an
+# admin to approve them (the users admin); closed: only admins make accounts.
+CHAT_SIGNUP = env_choice("CHAT_SIGNUP", "open", ("open", "approval", "closed"))
+# Log-in throttling (django-axes): CHAT_LOGIN_FAILURE_LIMIT wrong passwords for a username
+# from one address lock that pair's log-ins for CHAT_LOGIN_LOCKOUT_MINUTES, counted from the
+# last failure; while locked, no password is checked. By pair, so that no one can lock a
+# user out from elsewhere, nor lock out everyone behind one address (an office, a proxy).
+# Admins see and lift lock-outs in the admin (Axes > Access attempts).
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = env_int("CHAT_LOGIN_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = dt.timedelta(minutes=env_int("CHAT_LOGIN_LOCKOUT_MINUTES", 15, minimum=1))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+# Attempts while locked neither count nor push the end of the lock-out further away.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_LOCKOUT_CALLABLE = "accounts.views.locked_out"
+AXES_CLIENT_IP_CALLABLE = "accounts.client_address.client_ip"
+# Unset: the client is the connection's peer. Behind a reverse proxy, the header it sets
+# (e.g. X-Forwarded-For or X-Real-IP); the proxy must overwrite or append to it.
+CHAT_CLIENT_IP_HEADER = env_header("CHAT_CLIENT_IP_HEADER")
+
 LOGIN_URL = "accounts:login"
 LOGIN_REDIRECT_URL = "generation:chat"
 LOGOUT_REDIRECT_URL = "accounts:login"

@@ -4,12 +4,14 @@ import os
 import re
 import shutil
 import time
+import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
 from django.conf import settings as django_settings
 from django.test import Client
 
+from accounts import rate_limit
 from generation import backends, runtime
 from inference.engine import Engine
 from inference.generators import Generator, SyntheticGenerator, load_generator
@@ -34,6 +36,16 @@ def _no_titles_unless_asked(settings):
     # A title is one more generation after each first answer; tests that count
     # generations or queue places would see it. Title tests turn it back on.
     settings.CHAT_AUTO_TITLE = False
+
+
+@pytest.fixture(autouse=True)
+def _requests_counted_afresh(settings, monkeypatch):
+    # Each test's users have the ids of earlier tests' users (the database rolls back), and
+    # requests per minute are counted for 60 s by user id: start each test with none.
+    monkeypatch.setattr(rate_limit, "_local_log", rate_limit.LocalRequestLog())
+    if settings.REDIS_URL:
+        prefix = f"{settings.REDIS_KEY_PREFIX}-test-{uuid.uuid4().hex[:12]}"  # its keys expire in 60 s
+        settings.CACHES = {"default": {**settings.CACHES["default"], "KEY_PREFIX": prefix}}
 
 
 @pytest.fixture
@@ -114,15 +126,6 @@ def wait_for_terminal(store: InMemoryStreamStore, stream_id: str, timeout: float
             return events
         time.sleep(0.01)
     raise AssertionError(f"stream {stream_id} did not end within {timeout} s")
-
-
-def clear_of_a_minute_edge(margin_s: float = 5) -> None:
-    """Wait, if need be, until a new minute has just begun.
-
-    Requests per minute are counted per calendar minute: a test whose requests must all
-    fall in one window starts well before its end."""
-    if time.time() % 60 > 60 - margin_s:
-        time.sleep(60 - time.time() % 60 + 0.1)
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 30) -> None:

@@ -12,7 +12,6 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import clear_of_a_minute_edge
 from tests.livesite import ROOT, ChatClient, LiveSite
 
 MODEL = "smollm2-135m-instruct"
@@ -206,7 +205,6 @@ def test_rate_limit_refusal_carries_retry_after_and_headers(live_site):
         "a = account_for(User.objects.get(username='api-limited')); a.requests_per_minute = 1; a.save()",
     )
     limited = openai.OpenAI(base_url=f"{live_site.base_url}/v1", api_key=key, max_retries=0)
-    clear_of_a_minute_edge()
     limited.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=1)
     with pytest.raises(openai.RateLimitError) as error:
         limited.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=1)

@@ -10,7 +10,7 @@ import re
 import pytest
 from playwright.sync_api import expect
 
-from tests.conftest import sign_up
+from tests.conftest import PASSWORD, sign_up
 from tests.livesite import LiveSite
 
 SYNTHETIC_ENV = {"CHAT_ENABLE_SYNTHETIC": "1", "CHAT_MODEL": "synthetic", "CHAT_SYNTHETIC_TOKENS_PER_S": "100"}
@@ -189,3 +189,38 @@ def test_on_a_phone_the_message_box_and_send_fit_without_sideways_scrolling(brow
     page.locator("summary", has_text="Rename").click()
     fits()
     context.close()
+
+
+def log_in(page, username: str, password: str = PASSWORD) -> None:
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill(password)
+    page.get_by_role("button", name="Log in").click()
+
+
+def test_log_out_and_back_in_through_the_login_page(page):
+    sign_up(page, "ui-returning")
+    page.get_by_role("button", name="Log out").click()
+    expect(page).to_have_url(re.compile(r"/accounts/login/$"))
+
+    log_in(page, "ui-returning")
+
+    expect(page).to_have_url(re.compile(r"/chat/$"))
+    expect(page.get_by_label("Message")).to_be_visible()
+
+
+def test_wrong_passwords_lock_the_log_in_and_the_page_says_so(page):
+    sign_up(page, "ui-forgetful")
+    page.get_by_role("button", name="Log out").click()
+    for attempt in range(4):
+        log_in(page, "ui-forgetful", f"not-my-password-{attempt}")
+        expect(page.get_by_text("Please enter a correct username and password")).to_be_visible()
+
+    log_in(page, "ui-forgetful", "not-my-password-4")
+    expect(page.get_by_role("heading", name="Too many failed log-ins")).to_be_visible()
+    expect(page.get_by_role("alert")).to_contain_text("Try again in 15 minutes")
+
+    page.goto("/accounts/login/")
+    log_in(page, "ui-forgetful")  # the right one, while locked
+    expect(page.get_by_role("heading", name="Too many failed log-ins")).to_be_visible()
+    page.goto("/chat/")
+    expect(page).to_have_url(re.compile(r"/accounts/login/"))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 
 import httpx
@@ -10,9 +9,8 @@ import pytest
 import redis
 from asgiref.sync import sync_to_async
 from django.core.asgi import get_asgi_application
-from django.core.cache import cache
 
-from accounts.services import _count_request, api_key_create
+from accounts.services import api_key_create
 from chatsite.cache import RedisCache
 
 pytestmark = pytest.mark.skipif(not os.environ.get("REDIS_URL"), reason="needs REDIS_URL (a real Redis)")
@@ -65,13 +63,3 @@ async def test_api_requests_under_asgi_reuse_the_cache_connection(settings, alic
             assert (await client.get("/v1/usage", headers=headers)).status_code == 200
 
     assert await sync_to_async(connections_opened)() - before <= 1
-
-
-@pytest.mark.django_db
-def test_request_counter_starts_at_one_each_minute_and_counts_on(alice, settings):
-    settings.CACHES = REDIS_CACHES
-    minute = dt.datetime(2026, 11, 30, 7, 30, 5, tzinfo=dt.UTC)
-    cache.delete_many([f"ratelimit:{alice.pk}:{m:%Y%m%d%H%M}" for m in (minute, minute + dt.timedelta(minutes=1))])
-
-    assert [_count_request(alice, minute) for _ in range(3)] == [1, 2, 3]
-    assert _count_request(alice, minute + dt.timedelta(minutes=1)) == 1

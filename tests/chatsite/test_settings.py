@@ -8,7 +8,16 @@ from pathlib import Path
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from chatsite.settings import env_bool, env_choice, env_device, env_float, env_int, env_list, env_optional_int
+from chatsite.settings import (
+    env_bool,
+    env_choice,
+    env_device,
+    env_float,
+    env_header,
+    env_int,
+    env_list,
+    env_optional_int,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -80,6 +89,16 @@ def test_env_device_refuses_others(monkeypatch, bad):
         env_device("DEV", "auto")
 
 
+def test_env_header_gives_the_request_meta_key(monkeypatch):
+    monkeypatch.delenv("HEADER", raising=False)
+    assert env_header("HEADER") is None
+    monkeypatch.setenv("HEADER", "X-Real-IP")
+    assert env_header("HEADER") == "HTTP_X_REAL_IP"
+    monkeypatch.setenv("HEADER", "X Real IP")
+    with pytest.raises(ImproperlyConfigured, match="HEADER"):
+        env_header("HEADER")
+
+
 def run_check(**env: str) -> subprocess.CompletedProcess:
     environment = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL",)} | env
     return subprocess.run(
@@ -101,6 +120,10 @@ def run_check(**env: str) -> subprocess.CompletedProcess:
         ("CHAT_MODEL", "no-such-model"),
         ("CHAT_SYNTHETIC_TOKENS_PER_S", "0"),
         ("DATABASE_URL", "nosuchdb://x"),
+        ("CHAT_SIGNUP", "invite"),
+        ("CHAT_LOGIN_FAILURE_LIMIT", "0"),
+        ("CHAT_LOGIN_LOCKOUT_MINUTES", "soon"),
+        ("CHAT_CLIENT_IP_HEADER", "X-Forwarded-For: 1.2.3.4"),
     ],
 )
 def test_bad_value_stops_start_up_naming_the_variable(variable, value):
@@ -110,5 +133,14 @@ def test_bad_value_stops_start_up_naming_the_variable(variable, value):
 
 
 def test_good_configuration_passes_the_check():
-    result = run_check(DJANGO_DEBUG="1", GENERATION_MAX_QUEUE="8", CHAT_ENABLE_SYNTHETIC="1", CHAT_MODEL="synthetic")
+    result = run_check(
+        DJANGO_DEBUG="1",
+        GENERATION_MAX_QUEUE="8",
+        CHAT_ENABLE_SYNTHETIC="1",
+        CHAT_MODEL="synthetic",
+        CHAT_SIGNUP="approval",
+        CHAT_LOGIN_FAILURE_LIMIT="10",
+        CHAT_LOGIN_LOCKOUT_MINUTES="60",
+        CHAT_CLIENT_IP_HEADER="X-Forwarded-For",
+    )
     assert result.returncode == 0, result.stderr

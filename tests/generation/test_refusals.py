@@ -14,7 +14,7 @@ from accounts.services import account_for, api_key_create
 from generation import services
 from generation.models import Conversation, Message
 from inference.generators import GenerationParams, SyntheticGenerator
-from tests.conftest import clear_of_a_minute_edge, install_engine, wait_for_terminal
+from tests.conftest import install_engine, wait_for_terminal
 from tests.generation.test_answer_stream import session_headers
 from tests.generation.test_api import CHAT, MODEL, assert_error, get, post
 from tests.generation.test_socket import ORIGIN, socket
@@ -130,7 +130,6 @@ def test_a_chat_send_beyond_the_days_budget_is_refused_before_anything_is_saved(
 
 def test_the_rate_limit_is_checked_before_the_prompt_is_tokenized(alice, alice_key, fast_engine, monkeypatch):
     plan(alice, requests_per_minute=1)
-    clear_of_a_minute_edge()
     assert post("/v1/chat/completions", CHAT, alice_key).status_code == 200
     counted = []
     count = fast_engine.generator.count_prompt_tokens
