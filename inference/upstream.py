@@ -47,7 +47,10 @@ from inference.streams import StreamStore
 logger = logging.getLogger(__name__)
 
 # What an upstream model can do that the in-process engine cannot: request fields passed through.
-PASSTHROUGH_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "response_format", "logprobs", "top_logprobs")
+PASSTHROUGH_FIELDS = (
+    *("tools", "tool_choice", "parallel_tool_calls", "response_format", "logprobs", "top_logprobs"),
+    *("frequency_penalty", "presence_penalty", "logit_bias"),
+)
 
 
 @dataclass(frozen=True)
