@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
-from pydantic_core import PydanticCustomError
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJsonSchemaHandler, field_validator
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, PydanticCustomError, core_schema
 
 from inference.generators import GenerationParams
 
@@ -73,18 +74,31 @@ class ResponseFormat(BaseModel):
     type: Literal["text", "json_object", "json_schema"]
 
 
-def only(*neutral: object, because: str) -> AfterValidator:
+class Only:
     """Take a field OpenAI documents only at its neutral values (null aside): no model here
-    honours the others, which are refused, naming the field, rather than silently ignored."""
-    supported = " or ".join(json.dumps(value) for value in neutral) or "null"
-    message = f"{because}; only {supported} is supported"
+    honours the others, which are refused, naming the field, rather than silently ignored.
 
-    def check(value: object) -> object:
-        if value not in neutral:
-            raise PydanticCustomError("unsupported_value", message)
+    An annotation, as annotated-types' Gt or Le are: `Annotated[int, Only(1, because=...)]`.
+    The OpenAPI document lists the values taken and says why the others are not.
+    """
+
+    def __init__(self, *neutral: object, because: str) -> None:
+        self.neutral = neutral
+        supported = " or ".join(json.dumps(value) for value in neutral) or "null"
+        self.message = f"{because}; only {supported} is supported"
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return core_schema.no_info_after_validator_function(self._check, handler(source))
+
+    def __get_pydantic_json_schema__(self, schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        if not self.neutral:
+            return {"type": "null", "description": f"{self.message}."}
+        return {**handler(schema), "enum": list(self.neutral), "description": f"{self.message}."}
+
+    def _check(self, value: object) -> object:
+        if value not in self.neutral:
+            raise PydanticCustomError("unsupported_value", self.message)
         return value
-
-    return AfterValidator(check)
 
 
 def ignored() -> Any:
@@ -95,7 +109,7 @@ def ignored() -> Any:
 class StreamOptions(Strict):
     include_usage: bool = False
     # Padding against length side channels.
-    include_obfuscation: Annotated[bool, only(False, because="chatsite does not pad its chunks")] = False
+    include_obfuscation: Annotated[bool, Only(False, because="chatsite does not pad its chunks")] = False
     # Not OpenAI's: keep generating when the client disconnects, to resume with /v1/streams/<id>.
     resumable: bool = False
 
@@ -104,7 +118,7 @@ Temperature = Annotated[float, Field(ge=0, le=2, description=f"0 is greedy; defa
 TopP = Annotated[float, Field(gt=0, le=1, description=f"Default {DEFAULT_TOP_P:g}.")]
 MaxTokens = Annotated[int, Field(ge=1, le=MAX_TOKENS_MAX)]
 Seed = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)]
-OneChoice = Annotated[int, Field(ge=1, le=128), only(1, because="chatsite generates one choice per request")]
+OneChoice = Annotated[int, Field(ge=1, le=128), Only(1, because="chatsite generates one choice per request")]
 # What models on model servers honour and the in-process models refuse (generation_admit).
 SERVER_ONLY = "Models on model servers take it; the in-process models only {neutral} (else a 400 naming the field)."
 Penalty = Annotated[float, Field(ge=-2, le=2, description=SERVER_ONLY.format(neutral="0"))]
@@ -113,21 +127,21 @@ LogitBias = Annotated[
     Field(description=SERVER_ONLY.format(neutral="{}")),
 ]
 # OpenAI's platform: stored completions and their tags, processing tiers, output kinds.
-NoStore = Annotated[bool, only(False, because="chatsite does not store completions")]
+NoStore = Annotated[bool, Only(False, because="chatsite does not store completions")]
 Metadata = Annotated[
     dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
     Field(max_length=16, description="Accepted and not used: completions are not stored."),
 ]
 ServiceTier = Annotated[
     Literal["auto", "default", "flex", "scale", "priority", "fast"],
-    only("auto", "default", because="chatsite has one service tier"),
+    Only("auto", "default", because="chatsite has one service tier"),
 ]
-TextOnly = Annotated[list[Literal["text", "audio"]], only(["text"], because="chatsite answers in text only")]
+TextOnly = Annotated[list[Literal["text", "audio"]], Only(["text"], because="chatsite answers in text only")]
 # Legacy text completions.
-OneCompletion = Annotated[int, Field(ge=1, le=20), only(1, because="chatsite generates one completion per request")]
-NoEcho = Annotated[bool, only(False, because="chatsite does not echo the prompt")]
-NoSuffix = Annotated[str, only("", because="chatsite does not insert text after a completion")]
-NoTextLogprobs = Annotated[int, Field(ge=0, le=5), only(because="chatsite's text completions carry no logprobs")]
+OneCompletion = Annotated[int, Field(ge=1, le=20), Only(1, because="chatsite generates one completion per request")]
+NoEcho = Annotated[bool, Only(False, because="chatsite does not echo the prompt")]
+NoSuffix = Annotated[str, Only(because="chatsite does not insert text after a completion")]
+NoTextLogprobs = Annotated[int, Field(ge=0, le=5), Only(because="chatsite's text completions carry no logprobs")]
 
 
 class CompletionOptions(Strict):

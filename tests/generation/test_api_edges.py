@@ -280,6 +280,9 @@ def test_the_openapi_document_describes_the_accepted_fields_and_the_other_errors
     for field in ("best_of", "echo", "suffix", "logprobs"):
         assert field in text
     assert "model servers" in json.dumps(chat["frequency_penalty"])
+    assert chat["n"]["anyOf"][0]["enum"] == [1] and "one choice" in chat["n"]["anyOf"][0]["description"]
+    assert chat["service_tier"]["anyOf"][0]["enum"] == ["auto", "default"]
+    assert text["logprobs"]["anyOf"][0]["type"] == "null"
     for operations in document["paths"].values():
         for operation in operations.values():
             assert operation["responses"]["default"]["content"]["application/json"]["schema"] == {
