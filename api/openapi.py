@@ -16,7 +16,14 @@ def _responses(ok: str, *extra: int) -> dict[str, Any]:
     responses: dict[str, Any] = {"200": {"description": ok}}
     for status in (400, 401, *extra):
         responses[str(status)] = {"description": _STATUS[status], "content": {"application/json": {"schema": ERROR}}}
+    responses["default"] = {"description": _OTHER_ERRORS, "content": {"application/json": {"schema": ERROR}}}
     return responses
+
+
+_OTHER_ERRORS = (
+    "Any other error, in the same shape: 404 for an unknown path, 405 (with Allow) for another method, "
+    "500 whose message names the X-Request-Id under which the server's log has the details"
+)
 
 
 _STATUS = {
@@ -76,7 +83,10 @@ def openapi_document() -> dict[str, Any]:
             "version": "1",
             "description": "OpenAI-compatible streaming chat API. Authenticate with 'Authorization: Bearer <key>' "
             "(or 'X-API-Key: <key>'); keys are made at /accounts/keys/. Every response carries "
-            "x-ratelimit-* headers.",
+            "x-ratelimit-* headers. The request fields OpenAI documents are accepted at their neutral "
+            "values (n 1, frequency_penalty 0, logprobs false, response_format text, store false, …); "
+            "a value the model asked for cannot honour is a 400 whose param names the field, and so is a field "
+            "not listed here.",
         },
         "servers": [{"url": "/v1"}],
         "components": {

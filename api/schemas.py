@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJsonSchemaHandler, field_validator
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, PydanticCustomError, core_schema
+
+from inference.generators import GenerationParams
 
 MAX_STOP_SEQUENCES = 4
 MAX_STOP_LENGTH = 100
@@ -14,6 +19,9 @@ MAX_TOOLS = 128
 # 32-bit column. Values beyond are refused here, naming the field, and never reach the model.
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 MAX_TOKENS_MAX = 2**31 - 1
+# OpenAI's defaults, for fields sent as null or not at all.
+DEFAULT_TEMPERATURE = 1.0
+DEFAULT_TOP_P = 1.0
 
 
 class Strict(BaseModel):
@@ -66,33 +74,94 @@ class ResponseFormat(BaseModel):
     type: Literal["text", "json_object", "json_schema"]
 
 
+class Only:
+    """Take a field OpenAI documents only at its neutral values (null aside): no model here
+    honours the others, which are refused, naming the field, rather than silently ignored.
+
+    An annotation, as annotated-types' Gt or Le are: `Annotated[int, Only(1, because=...)]`.
+    The OpenAPI document lists the values taken and says why the others are not.
+    """
+
+    def __init__(self, *neutral: object, because: str) -> None:
+        self.neutral = neutral
+        supported = " or ".join(json.dumps(value) for value in neutral) or "null"
+        self.message = f"{because}; only {supported} is supported"
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return core_schema.no_info_after_validator_function(self._check, handler(source))
+
+    def __get_pydantic_json_schema__(self, schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        if not self.neutral:
+            return {"type": "null", "description": f"{self.message}."}
+        return {**handler(schema), "enum": list(self.neutral), "description": f"{self.message}."}
+
+    def _check(self, value: object) -> object:
+        if value not in self.neutral:
+            raise PydanticCustomError("unsupported_value", self.message)
+        return value
+
+
+def ignored() -> Any:
+    """A field OpenAI documents that changes nothing in an answer here: accepted, not used."""
+    return Field(None, description="Accepted and not used: it changes nothing in the answer.")
+
+
 class StreamOptions(Strict):
     include_usage: bool = False
+    # Padding against length side channels.
+    include_obfuscation: Annotated[bool, Only(False, because="chatsite does not pad its chunks")] = False
     # Not OpenAI's: keep generating when the client disconnects, to resume with /v1/streams/<id>.
     resumable: bool = False
 
 
-Temperature = Annotated[float, Field(ge=0, le=2)]
-TopP = Annotated[float, Field(gt=0, le=1)]
+Temperature = Annotated[float, Field(ge=0, le=2, description=f"0 is greedy; default {DEFAULT_TEMPERATURE:g}.")]
+TopP = Annotated[float, Field(gt=0, le=1, description=f"Default {DEFAULT_TOP_P:g}.")]
 MaxTokens = Annotated[int, Field(ge=1, le=MAX_TOKENS_MAX)]
 Seed = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)]
+OneChoice = Annotated[int, Field(ge=1, le=128), Only(1, because="chatsite generates one choice per request")]
+# What models on model servers honour and the in-process models refuse (generation_admit).
+SERVER_ONLY = "Models on model servers take it; the in-process models only {neutral} (else a 400 naming the field)."
+Penalty = Annotated[float, Field(ge=-2, le=2, description=SERVER_ONLY.format(neutral="0"))]
+LogitBias = Annotated[
+    dict[Annotated[str, Field(pattern=r"^[0-9]{1,10}$")], Annotated[int, Field(ge=-100, le=100)]],
+    Field(description=SERVER_ONLY.format(neutral="{}")),
+]
+# OpenAI's platform: stored completions and their tags, processing tiers, output kinds.
+NoStore = Annotated[bool, Only(False, because="chatsite does not store completions")]
+Metadata = Annotated[
+    dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
+    Field(max_length=16, description="Accepted and not used: completions are not stored."),
+]
+ServiceTier = Annotated[
+    Literal["auto", "default", "flex", "scale", "priority", "fast"],
+    Only("auto", "default", because="chatsite has one service tier"),
+]
+TextOnly = Annotated[list[Literal["text", "audio"]], Only(["text"], because="chatsite answers in text only")]
+# Legacy text completions.
+OneCompletion = Annotated[int, Field(ge=1, le=20), Only(1, because="chatsite generates one completion per request")]
+NoEcho = Annotated[bool, Only(False, because="chatsite does not echo the prompt")]
+NoSuffix = Annotated[str, Only(because="chatsite does not insert text after a completion")]
+NoTextLogprobs = Annotated[int, Field(ge=0, le=5), Only(because="chatsite's text completions carry no logprobs")]
 
 
 class CompletionOptions(Strict):
     """What chat and legacy completions share."""
 
     model: str
-    stream: bool = False
+    stream: bool | None = None
     stream_options: StreamOptions | None = None
     max_tokens: MaxTokens | None = None
-    temperature: Temperature = 1.0
-    top_p: TopP = 1.0
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
     seed: Seed | None = None
     stop: str | list[str] | None = None
-    n: Literal[1] = 1
-    user: Annotated[str, Field(max_length=256)] | None = None
+    n: OneChoice | None = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    logit_bias: LogitBias | None = None
+    user: str | None = ignored()
 
-    @field_validator("temperature", "top_p", mode="before")
+    @field_validator("temperature", "top_p", "frequency_penalty", "presence_penalty", mode="before")
     @classmethod
     def _number(cls, value: object) -> object:
         # Strict mode refuses ints for floats; JSON has no such distinction.
@@ -114,6 +183,31 @@ class CompletionOptions(Strict):
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
 
+    def generation_params(self) -> GenerationParams:
+        return GenerationParams(
+            # Unset: as long as the plan, the context and the day's budget allow (generation_admit).
+            max_tokens=self.requested_max_tokens() or MAX_TOKENS_MAX,
+            temperature=DEFAULT_TEMPERATURE if self.temperature is None else self.temperature,
+            top_p=DEFAULT_TOP_P if self.top_p is None else self.top_p,
+            seed=self.seed,
+            stop=self.stop_sequences(),
+            extra=self.passthrough(),
+        )
+
+    def passthrough(self) -> dict[str, Any]:
+        """The fields for models on model servers, less those at values that ask for nothing.
+
+        The in-process models refuse every field given here (generation_admit)."""
+        fields = self._passed_on()
+        return {name: value for name, value in fields.items() if value is not None}
+
+    def _passed_on(self) -> dict[str, Any]:
+        return {
+            "frequency_penalty": self.frequency_penalty or None,
+            "presence_penalty": self.presence_penalty or None,
+            "logit_bias": self.logit_bias or None,
+        }
+
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
@@ -134,6 +228,12 @@ class ChatCompletionRequest(CompletionOptions):
     response_format: ResponseFormat | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    store: NoStore | None = None
+    metadata: Metadata | None = None
+    service_tier: ServiceTier | None = None
+    modalities: TextOnly | None = None
+    prompt_cache_key: str | None = ignored()
+    safety_identifier: str | None = ignored()
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -141,9 +241,9 @@ class ChatCompletionRequest(CompletionOptions):
     def chat(self) -> list[dict[str, Any]]:
         return [message.as_prompt() for message in self.messages]
 
-    def passthrough(self) -> dict[str, Any]:
-        """The fields to pass on, less those at values that ask for nothing."""
+    def _passed_on(self) -> dict[str, Any]:
         fields = {
+            **super()._passed_on(),
             "tools": self.tools or None,
             "tool_choice": None if self.tool_choice == "none" else self.tool_choice,
             "parallel_tool_calls": self.parallel_tool_calls if self.tools else None,
@@ -155,11 +255,15 @@ class ChatCompletionRequest(CompletionOptions):
         }
         if any(message.role == "tool" or message.tool_calls for message in self.messages):
             fields["tools"] = fields["tools"] or []  # a tool round trip needs a model that takes tools
-        return {name: value for name, value in fields.items() if value is not None}
+        return fields
 
 
 class CompletionRequest(CompletionOptions):
     prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)]
+    best_of: OneCompletion | None = None
+    echo: NoEcho | None = None
+    suffix: NoSuffix | None = None
+    logprobs: NoTextLogprobs | None = None
 
     def text(self) -> str:
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]

@@ -1,4 +1,4 @@
-from django.urls import path
+from django.urls import path, re_path
 
 from api import views
 
@@ -13,4 +13,6 @@ urlpatterns = [
     path("usage", views.usage, name="usage"),
     path("openapi.json", views.openapi_json, name="openapi"),
     path("docs", views.api_docs, name="docs"),
+    # Last: any other path under /v1/ answers OpenAI's 404 error object, whatever its method.
+    re_path(r"", views.unknown_url, name="unknown_url"),
 ]

@@ -7,7 +7,6 @@ resumed (`/v1/streams/<id>`) or cancelled from any process.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from functools import wraps
@@ -20,60 +19,24 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponseBase, JsonResponse
 from django.shortcuts import render
 from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_GET, require_POST
 from pydantic import ValidationError
 
 from accounts.models import ApiKey, UsageRecord
 from accounts.services import Quota, account_for, api_key_authenticate, quota_for
 from api.chunks import DONE, Completion, WholeAnswer, completion_events, error_of, openai_finish_reason
+from api.errors import ApiError, body_too_large, finish, internal_error, invalid_url, request_id_of
 from api.openapi import openapi_document
-from api.schemas import MAX_TOKENS_MAX, ChatCompletionRequest, CompletionOptions, CompletionRequest
+from api.schemas import ChatCompletionRequest, CompletionOptions, CompletionRequest
 from generation import logs, runtime, sse
 from generation.backends import backend
-from generation.logs import REQUEST_LOGGED
-from generation.metrics import API_ERRORS
 from generation.refusals import REFUSALS, refusal_of
 from generation.services import generation_cancel, generation_start
-from inference.generators import GenerationParams, Prompt
+from inference.generators import Prompt
 from inference.streams import StreamNotFound
 
 STREAM_PREFIXES = {"chatcmpl-": "chat", "cmpl-": "text"}
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "invalid_request_error",
-    404: "invalid_request_error",
-    413: "invalid_request_error",
-    429: "rate_limit_error",
-    500: "server_error",
-    502: "server_error",
-    503: "server_error",
-    504: "server_error",
-}
 
 View = Callable[..., Coroutine[Any, Any, HttpResponseBase]]
-
-
-class ApiError(Exception):
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        code: str | None = None,
-        param: str | None = None,
-        retry_after: int | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.code, self.param, self.retry_after = status, message, code, param, retry_after
-
-    def body(self) -> dict[str, Any]:
-        error_type = "insufficient_quota" if self.code == "insufficient_quota" else ERROR_TYPES.get(self.status)
-        return {"error": {"message": self.message, "type": error_type, "param": self.param, "code": self.code}}
-
-
-def body_too_large(limit: int) -> ApiError:
-    """The refusal of a body over DATA_UPLOAD_MAX_MEMORY_SIZE: here, and in chatsite.body_limit before it is read."""
-    return ApiError(413, f"The request body is larger than {limit} bytes.", code="request_too_large")
 
 
 @dataclass
@@ -87,54 +50,58 @@ class Caller:
         return self.key.user
 
 
-def api_view(view: View) -> View:
-    """Authenticate by API key, and turn every refusal into an OpenAI error object.
+def api_view(*methods: str, public: bool = False) -> Callable[[View], View]:
+    """An endpoint of the API: only `methods` (any if none), by API key unless `public`;
+    an authenticated view is called with its `Caller` after the request.
 
-    Every response gets `X-Request-Id` and, once the caller is known, the rate-limit headers.
+    Every refusal and failure is answered as OpenAI's error object: another method is a
+    405 with `Allow`; an unexpected exception a 500 whose message names the request id,
+    under which the log has the exception and its traceback. Every response gets
+    `X-Request-Id` and, once the caller is known, the rate-limit headers.
     """
 
-    @csrf_exempt
-    @wraps(view)
-    async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-        if REQUEST_LOGGED not in getattr(request, "scope", {}):  # no server in front: Django's test client
-            logs.request_begin(request.headers.get("X-Request-Id"))
-        request_id = logs.request_id() or uuid.uuid4().hex
-        caller: Caller | None = None
-        try:
-            key = await sync_to_async(_authenticate)(request)
-            if key is None:
-                raise ApiError(
-                    401, "Invalid or missing API key. Send 'Authorization: Bearer <key>'.", code="invalid_api_key"
-                )
-            caller = Caller(key=key, request_id=request_id)
-            logs.annotate(user_id=key.user_id, key_prefix=key.prefix)
-            response = await view(request, caller, *args, **kwargs)
-        except ApiError as error:
-            API_ERRORS.labels(str(error.status), error.code or ERROR_TYPES.get(error.status, "error")).inc()
-            response = JsonResponse(error.body(), status=error.status)
-            if error.retry_after is not None:
-                response["Retry-After"] = str(error.retry_after)
-        response["X-Request-Id"] = request_id
-        # Served without SecurityMiddleware (chatsite.asgi.ProgramsHandler).
-        response["X-Content-Type-Options"] = "nosniff"
-        if caller is not None:
-            quota = caller.quota or await sync_to_async(quota_for)(caller.user)
-            for name, value in quota.headers().items():
-                response[name] = value
-        return response
+    def decorate(view: View) -> View:
+        @csrf_exempt
+        @wraps(view)
+        async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+            request_id = request_id_of(request)
+            caller: Caller | None = None
+            try:
+                if methods and request.method not in methods:
+                    raise ApiError(405, f"Use {' or '.join(methods)} for {request.path}.", allow=methods)
+                if public:
+                    response = await view(request, *args, **kwargs)
+                else:
+                    caller = Caller(key=await sync_to_async(_authenticate)(request), request_id=request_id)
+                    logs.annotate(user_id=caller.key.user_id, key_prefix=caller.key.prefix)
+                    response = await view(request, caller, *args, **kwargs)
+            except ApiError as error:
+                response = error.response()
+            except Exception:
+                response = internal_error(request, request_id).response()
 
-    return wrapper
+            if caller is not None:
+                quota = caller.quota or await sync_to_async(quota_for)(caller.user)
+                for name, value in quota.headers().items():
+                    response[name] = value
+            return finish(response, request_id)
+
+        return wrapper
+
+    return decorate
 
 
-def _authenticate(request: HttpRequest) -> ApiKey | None:
+def _authenticate(request: HttpRequest) -> ApiKey:
     authorization = request.headers.get("Authorization", "")
     scheme, _, token = authorization.partition(" ")
     plain = token.strip() if scheme.lower() == "bearer" else request.headers.get("X-API-Key", "").strip()
-    return api_key_authenticate(plain) if plain else None
+    key = api_key_authenticate(plain) if plain else None
+    if key is None:
+        raise ApiError(401, "Invalid or missing API key. Send 'Authorization: Bearer <key>'.", code="invalid_api_key")
+    return key
 
 
-@require_GET
-@api_view
+@api_view("GET")
 async def models_list(request: HttpRequest, caller: Caller) -> HttpResponseBase:
     return JsonResponse(
         {
@@ -147,24 +114,21 @@ async def models_list(request: HttpRequest, caller: Caller) -> HttpResponseBase:
     )
 
 
-@require_POST
-@api_view
+@api_view("POST")
 async def chat_completions(request: HttpRequest, caller: Caller) -> HttpResponseBase:
     body = _parse(request, ChatCompletionRequest)
     assert isinstance(body, ChatCompletionRequest)
     return await _complete(request, caller, body, body.chat(), Completion.new("chat", body.model))
 
 
-@require_POST
-@api_view
+@api_view("POST")
 async def completions(request: HttpRequest, caller: Caller) -> HttpResponseBase:
     body = _parse(request, CompletionRequest)
     assert isinstance(body, CompletionRequest)
     return await _complete(request, caller, body, body.text(), Completion.new("text", body.model))
 
 
-@require_GET
-@api_view
+@api_view("GET")
 async def stream_resume(request: HttpRequest, caller: Caller, completion_id: str) -> HttpResponseBase:
     completion = await _owned_completion(caller, completion_id)
     try:
@@ -172,19 +136,19 @@ async def stream_resume(request: HttpRequest, caller: Caller, completion_id: str
     except ValueError:
         raise ApiError(400, sse.RESUME_POINT_ERROR, param="after") from None
     include_usage = request.GET.get("include_usage") in ("1", "true")
-    return _sse_response(completion, after=after, include_usage=include_usage, cancel_on_disconnect=False)
+    return _sse_response(
+        request, caller, completion, after=after, include_usage=include_usage, cancel_on_disconnect=False
+    )
 
 
-@require_POST
-@api_view
+@api_view("POST")
 async def stream_cancel(request: HttpRequest, caller: Caller, completion_id: str) -> HttpResponseBase:
     completion = await _owned_completion(caller, completion_id)
     cancelled = await sync_to_async(generation_cancel)(stream_id=completion.stream_id)
     return JsonResponse({"id": completion.id, "object": "stream.cancellation", "cancelled": cancelled})
 
 
-@require_GET
-@api_view
+@api_view("GET")
 async def usage(request: HttpRequest, caller: Caller) -> HttpResponseBase:
     account = await sync_to_async(account_for)(caller.user)
     quota = await sync_to_async(quota_for)(caller.user, limits=account.limits)
@@ -212,37 +176,33 @@ async def usage(request: HttpRequest, caller: Caller) -> HttpResponseBase:
     )
 
 
-@require_GET
-def openapi_json(request: HttpRequest) -> HttpResponseBase:
+@api_view("GET", public=True)
+async def openapi_json(request: HttpRequest) -> HttpResponseBase:
     return JsonResponse(openapi_document())
 
 
-@require_GET
-def api_docs(request: HttpRequest) -> HttpResponseBase:
-    return render(request, "api/docs.html", {"document": openapi_document()})
+@api_view("GET", public=True)
+async def api_docs(request: HttpRequest) -> HttpResponseBase:
+    # Rendered in a thread: the page asks whether its reader is logged in.
+    return await sync_to_async(render)(request, "api/docs.html", {"document": openapi_document()})
+
+
+@api_view(public=True)
+async def unknown_url(request: HttpRequest) -> HttpResponseBase:
+    raise invalid_url(request)
 
 
 async def _complete(
     request: HttpRequest, caller: Caller, body: CompletionOptions, prompt: Prompt, completion: Completion
 ) -> HttpResponseBase:
-    requested = body.requested_max_tokens()
-    params = GenerationParams(
-        # Unset: as long as the plan, the context and the day's budget allow (generation_admit).
-        max_tokens=requested or MAX_TOKENS_MAX,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        seed=body.seed,
-        stop=body.stop_sequences(),
-        extra=body.passthrough() if isinstance(body, ChatCompletionRequest) else {},
-    )
     try:
         started = await sync_to_async(generation_start)(
             user=caller.user,
             channel=UsageRecord.Channel.API,
             model=body.model,
             prompt=prompt,
-            params=params,
-            requested_max_tokens=requested,
+            params=body.generation_params(),
+            requested_max_tokens=body.requested_max_tokens(),
             api_key=caller.key,
             stream_id=completion.stream_id,
         )
@@ -256,7 +216,12 @@ async def _complete(
     caller.quota = started.quota
     if body.stream:
         return _sse_response(
-            completion, after=0, include_usage=body.include_usage, cancel_on_disconnect=not body.resumable
+            request,
+            caller,
+            completion,
+            after=0,
+            include_usage=body.include_usage,
+            cancel_on_disconnect=not body.resumable,
         )
     return await _whole_completion(completion)
 
@@ -284,15 +249,33 @@ async def _whole_completion(completion: Completion) -> HttpResponseBase:
 
 
 def _sse_response(
-    completion: Completion, *, after: int, include_usage: bool, cancel_on_disconnect: bool
+    request: HttpRequest,
+    caller: Caller,
+    completion: Completion,
+    *,
+    after: int,
+    include_usage: bool,
+    cancel_on_disconnect: bool,
 ) -> HttpResponseBase:
-    return sse.response(
-        _sse_chunks(completion, after=after, include_usage=include_usage, cancel_on_disconnect=cancel_on_disconnect)
+    chunks = _sse_chunks(
+        request,
+        caller,
+        completion,
+        after=after,
+        include_usage=include_usage,
+        cancel_on_disconnect=cancel_on_disconnect,
     )
+    return sse.response(chunks)
 
 
 async def _sse_chunks(
-    completion: Completion, *, after: int, include_usage: bool, cancel_on_disconnect: bool
+    request: HttpRequest,
+    caller: Caller,
+    completion: Completion,
+    *,
+    after: int,
+    include_usage: bool,
+    cancel_on_disconnect: bool,
 ) -> AsyncIterator[bytes]:
     finished = False
     try:
@@ -307,13 +290,11 @@ async def _sse_chunks(
         finished = True
     except StreamNotFound:
         finished = True
-        error = {
-            "message": "This stream has expired.",
-            "type": "invalid_request_error",
-            "param": None,
-            "code": "stream_not_found",
-        }
-        yield sse.event({"error": error}) + DONE
+        yield sse.event(ApiError(404, "This stream has expired.", code="stream_not_found").body()) + DONE
+    except Exception:
+        # The reading failed (say the stream store is unreachable): after the headers, the
+        # error goes out as an event, and the log has what happened.
+        yield sse.event(internal_error(request, caller.request_id).body()) + DONE
     finally:
         # Django cancels this generator when the client disconnects.
         if not finished and cancel_on_disconnect:

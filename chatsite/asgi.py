@@ -12,6 +12,7 @@ from typing import Any
 from django.core.asgi import get_asgi_application
 from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.exception import convert_exception_to_response
+from django.http import HttpRequest, HttpResponseBase
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
 # Set up Django before anything imports models.
@@ -20,6 +21,7 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 
+from api.errors import API_PREFIX  # noqa: E402
 from chatsite.body_limit import BodyLimit, install_in_daphne  # noqa: E402
 from chatsite.observability import RequestLog  # noqa: E402
 from generation import routing  # noqa: E402
@@ -42,11 +44,16 @@ class ProgramsHandler(ASGIHandler):
         self._view_middleware: list[Any] = []
         self._template_response_middleware: list[Any] = []
         self._exception_middleware: list[Any] = []
-        self._middleware_chain = convert_exception_to_response(self._get_response_async)  # type: ignore[attr-defined]
+        self._middleware_chain = convert_exception_to_response(self._response_for_allowed_host)
+
+    async def _response_for_allowed_host(self, request: HttpRequest) -> HttpResponseBase:
+        request.get_host()  # DisallowedHost (400) unless ALLOWED_HOSTS has it, as CommonMiddleware checks
+        response: HttpResponseBase = await self._get_response_async(request)  # type: ignore[attr-defined]
+        return response
 
 
 programs_asgi_app = ProgramsHandler()
-PROGRAM_PATHS = ("/v1/", "/healthz", "/readyz", "/metrics")
+PROGRAM_PATHS = (API_PREFIX, "/healthz", "/readyz", "/metrics")
 
 
 async def http_application(scope: dict[str, Any], receive: Any, send: Any) -> None:

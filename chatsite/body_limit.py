@@ -26,7 +26,7 @@ from typing import Any
 from daphne import http_protocol
 from django.conf import settings
 
-from api.views import body_too_large
+from api.errors import body_too_large
 
 logger = logging.getLogger(__name__)
 

@@ -2,8 +2,10 @@ from __future__ import annotations
 
 from django.contrib import admin
 from django.urls import include, path
+from django.views import defaults
 from django.views.generic import RedirectView
 
+from api.errors import api_or_page
 from generation import views as generation_views
 
 urlpatterns = [
@@ -16,3 +18,9 @@ urlpatterns = [
     path("metrics", generation_views.metrics, name="metrics"),
     path("admin/", admin.site.urls),
 ]
+
+# What Django refuses itself: under /v1/ the API's error object, elsewhere its pages.
+handler400 = api_or_page(400, defaults.bad_request)
+handler403 = api_or_page(403, defaults.permission_denied)
+handler404 = api_or_page(404, defaults.page_not_found)
+handler500 = api_or_page(500, defaults.server_error)

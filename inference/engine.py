@@ -140,6 +140,15 @@ class EngineOverloaded(RuntimeError):
     pass
 
 
+def failure_message(reference: str) -> str:
+    """What a client is told of a failure inside the server, for every channel.
+
+    Never the exception's text, which can carry paths, tensor shapes or device details:
+    the log has it, with the traceback, under `reference` (a stream or request id).
+    """
+    return f"The server had an error while processing your request. Reference: {reference}."
+
+
 SCHEDULERS = ("batched", "sequential")
 
 # An answer the server's shutdown cut short (Engine.shut_down; the reaper's, for a dead process).
@@ -223,7 +232,7 @@ class _Run:
         if isinstance(error, UnfitPrompt):
             return self._result(status="error", finish_reason="error", error=str(error))
         logger.error("Generation %s failed", self.job.stream_id, exc_info=error)
-        return self._result(status="error", finish_reason="error", error=f"Generation failed: {error}")
+        return self._result(status="error", finish_reason="error", error=failure_message(self.job.stream_id))
 
     def _result(self, **kwargs: Any) -> GenerationResult:
         # Timed from submission: time spent waiting in the queue is part of what users wait.

@@ -40,14 +40,17 @@ from typing import Any
 import httpx
 
 from inference.backend import Admission
-from inference.engine import INTERRUPTED, EngineOverloaded, GenerationResult, Job
+from inference.engine import INTERRUPTED, EngineOverloaded, GenerationResult, Job, failure_message
 from inference.generators import Prompt
 from inference.streams import StreamStore
 
 logger = logging.getLogger(__name__)
 
 # What an upstream model can do that the in-process engine cannot: request fields passed through.
-PASSTHROUGH_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "response_format", "logprobs", "top_logprobs")
+PASSTHROUGH_FIELDS = (
+    *("tools", "tool_choice", "parallel_tool_calls", "response_format", "logprobs", "top_logprobs"),
+    *("frequency_penalty", "presence_penalty", "logit_bias"),
+)
 
 
 @dataclass(frozen=True)
@@ -95,9 +98,20 @@ class NoEndpointAvailable(EngineOverloaded):
 class UpstreamFailed(Exception):
     """An endpoint failed a request; `before_first_token`: another one may take it."""
 
-    def __init__(self, message: str, *, status: int = 502, code: str = "upstream_error", retry: bool = True) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 502,
+        code: str = "upstream_error",
+        retry: bool = True,
+        detail: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.code, self.retry = status, code, retry
+        # The server's own words, for the log: a failing server's message can carry its
+        # traceback or its device's state, which clients are not shown.
+        self.detail = detail or message
 
 
 class Circuit:
@@ -391,11 +405,17 @@ class UpstreamPool:
                     break
                 except UpstreamFailed as error:
                     failure = error
-                    if run.first_token_at is not None or not error.retry:
-                        break  # the client has seen tokens: no quiet retry any more
+                    # Once the client has seen tokens, no quiet retry any more.
+                    final = run.first_token_at is not None or not error.retry
                     logger.warning(
-                        "Upstream %s failed before the first token (%s); failing over", state.endpoint.name, error
+                        "Upstream %s failed generation %s: %s%s",
+                        state.endpoint.name,
+                        run.job.stream_id,
+                        error.detail,
+                        "" if final else "; failing over",
                     )
+                    if final:
+                        break
                 finally:
                     await self._release(state)
         except asyncio.CancelledError:
@@ -475,7 +495,7 @@ class UpstreamPool:
                         self._client.stream("POST", url, json=request, headers=headers, timeout=timeout)
                     )
                     if response.status_code >= 400:
-                        raise await self._refusal(response)
+                        raise await self._refusal(response, run)
                     chunks = _chunks(response)
                     async for chunk in chunks:
                         if self._take(run, chunk, chat):
@@ -500,13 +520,15 @@ class UpstreamPool:
             raise UpstreamFailed("The model server went silent mid-answer.", code="upstream_timeout") from None
         except httpx.HTTPError as error:
             self._note_failure(state)
-            raise UpstreamFailed(f"The model server failed: {type(error).__name__}.") from None
+            raise UpstreamFailed(
+                failure_message(run.job.stream_id), detail=f"{type(error).__name__}: {error}"
+            ) from None
         except UpstreamFailed as error:
             if error.retry:  # a refusal of this request is no fault of the endpoint's
                 self._note_failure(state)
             raise
 
-    async def _refusal(self, response: httpx.Response) -> UpstreamFailed:
+    async def _refusal(self, response: httpx.Response, run: _Run) -> UpstreamFailed:
         """The server's own error: a 4xx is the request's fault (no retry elsewhere)."""
         await response.aread()
         try:
@@ -517,13 +539,14 @@ class UpstreamPool:
             return UpstreamFailed(
                 f"The model server refused: {message}", status=400, code="upstream_refused", retry=False
             )
-        return UpstreamFailed(f"The model server failed ({response.status_code}): {message}")
+        detail = f"HTTP {response.status_code}: {message}"
+        return UpstreamFailed(failure_message(run.job.stream_id), detail=detail)
 
     def _take(self, run: _Run, chunk: dict[str, Any], chat: bool) -> bool:
         """Publish one upstream chunk; whether it carried the first token."""
         if "error" in chunk:
             message = chunk["error"].get("message", "error") if isinstance(chunk["error"], dict) else chunk["error"]
-            raise UpstreamFailed(f"The model server failed mid-answer: {message}")
+            raise UpstreamFailed(failure_message(run.job.stream_id), detail=f"mid-answer: {message}")
         if chunk.get("usage"):
             run.usage = chunk["usage"]
         first = False

@@ -84,6 +84,14 @@ def test_the_server_logs_one_json_line_per_request_and_generation_and_never_a_ke
     assert client.api_key not in text and secret not in text
 
 
+def test_a_host_not_allowed_is_refused_under_v1_too(live_site, alice_key):
+    """ProgramsHandler runs no CommonMiddleware, but checks ALLOWED_HOSTS as it would."""
+    refused = httpx.get(
+        f"{live_site.base_url}/v1/models", headers={"Authorization": f"Bearer {alice_key}", "Host": "evil.example"}
+    )
+    assert refused.status_code == 400 and refused.json()["error"]["type"] == "invalid_request_error"
+
+
 def test_models_list(client):
     assert MODEL in [model.id for model in client.models.list()]
 
@@ -218,3 +226,60 @@ def test_bob_cannot_resume_or_cancel_alices_stream(client, live_site):
     bob = {"Authorization": f"Bearer {make_user_with_key(live_site, 'api-bob')}"}
     assert httpx.get(f"{live_site.base_url}/v1/streams/{whole.id}", headers=bob).status_code == 404
     assert httpx.post(f"{live_site.base_url}/v1/streams/{whole.id}/cancel", headers=bob).status_code == 404
+
+
+def test_errors_under_v1_are_error_objects_through_daphne_and_pages_keep_html(live_site, alice_key):
+    """ProgramsHandler serves /v1/ without middleware: its errors are the API's all the same."""
+    auth = {"Authorization": f"Bearer {alice_key}"}
+    unknown = httpx.post(f"{live_site.base_url}/v1/nope", headers=auth)
+    wrong_method = httpx.delete(f"{live_site.base_url}/v1/chat/completions", headers=auth)
+    too_big = httpx.post(  # over Django's DATA_UPLOAD_MAX_MEMORY_SIZE, 2.5 MB
+        f"{live_site.base_url}/v1/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": "x" * 3_000_000}]},
+        headers=auth,
+    )
+    page = httpx.get(f"{live_site.base_url}/no-such-page/")
+
+    for response, status in ((unknown, 404), (wrong_method, 405), (too_big, 413)):
+        assert response.status_code == status and response.headers["content-type"] == "application/json"
+        assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+        assert response.headers["x-request-id"]
+    assert wrong_method.headers["allow"] == "POST"
+    assert page.status_code == 404 and page.headers["content-type"].startswith("text/html")
+
+
+def test_the_openai_client_may_send_the_documented_fields_at_their_neutral_values(client):
+    neutral = {
+        "n": 1,
+        "frequency_penalty": 0,
+        "presence_penalty": 0,
+        "logit_bias": {},
+        "user": "user-1234",
+        "seed": 7,
+        "temperature": 0,
+        "top_p": 1,
+        "max_tokens": 4,
+    }
+    chat = {
+        "logprobs": False,
+        "response_format": {"type": "text"},
+        "parallel_tool_calls": False,
+        "store": False,
+        "metadata": {"app": "tests"},
+        "service_tier": "auto",
+        "modalities": ["text"],
+    }
+    whole = client.chat.completions.create(model=MODEL, messages=HELLO, **neutral, **chat)
+    streamed = client.chat.completions.create(model=MODEL, messages=HELLO, stream=True, **neutral, **chat)
+    text = client.completions.create(
+        model=MODEL, prompt="The capital of France is", best_of=1, echo=False, suffix=None, logprobs=None, **neutral
+    )
+
+    assert whole.choices[0].message.content == "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+    assert whole.usage.completion_tokens == 4 and text.usage.completion_tokens == 4
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=MODEL, messages=HELLO, n=2)
+    assert refused.value.param == "n"
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model=MODEL, prompt="Hi", frequency_penalty=0.5)
+    assert refused.value.param == "frequency_penalty" and "does not support" in refused.value.message

@@ -70,7 +70,7 @@ async def test_a_content_length_over_the_limit_is_refused_before_any_receive():
     assert headers[b"content-type"] == b"application/json"
     assert json.loads(body) == {
         "error": {
-            "message": f"The request body is larger than {LIMIT} bytes.",
+            "message": f"The request body is larger than the {LIMIT} bytes allowed.",
             "type": "invalid_request_error",
             "param": None,
             "code": "request_too_large",

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from inference.batching import Sequence, open_batch
-from inference.engine import Engine, EngineOverloaded, Job
+from inference.engine import Engine, EngineOverloaded, Job, failure_message
 from inference.generators import GenerationParams, SyntheticGenerator
 from inference.streams import InMemoryStreamStore
 from tests.conftest import install_engine, wait_for_terminal, wait_until
@@ -351,7 +351,9 @@ def test_a_prompt_whose_prefill_fails_leaves_alone_and_the_prompts_joining_with_
     assert "".join(texts["b"]) == expected[PROMPTS[1]]
 
 
-def test_a_row_whose_decoding_step_fails_fails_alone_and_the_others_go_on(batched_engine, smollm, alone, monkeypatch):
+def test_a_row_whose_decoding_step_fails_fails_alone_and_the_others_go_on(
+    batched_engine, smollm, alone, monkeypatch, caplog
+):
     short, long = chat("Hi"), chat(PROMPTS[2] + " Answer in detail, with examples from everyday life.")
     expected = {"long": alone(long[0]["content"], 24), "other": alone(PROMPTS[4], 24)}
     short_length = smollm.count_prompt_tokens(short)
@@ -367,7 +369,8 @@ def test_a_row_whose_decoding_step_fails_fails_alone_and_the_others_go_on(batche
         batched_engine.submit(Job(name, prompt, greedy(24)))
 
     failed = wait_for_terminal(store, "short", timeout=120)
-    assert failed[-1].type == "error" and "poisoned row" in failed[-1].data["message"]
+    assert failed[-1].type == "error" and failed[-1].data["message"] == failure_message("short")
+    assert "forward failed for a poisoned row" in caplog.text  # for the log only
     assert any(e.type == "token" for e in failed)  # what it made before its step failed was sent
     assert streamed_text(store, "long")[0] == expected["long"]
     assert streamed_text(store, "other")[0] == expected["other"]

@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from inference.engine import Engine, EngineOverloaded, GenerationResult, Job
+from inference.engine import Engine, EngineOverloaded, GenerationResult, Job, failure_message
 from inference.generators import GenerationParams, SyntheticGenerator
 from inference.streams import InMemoryStreamStore
 from tests.conftest import install_engine, wait_for_terminal, wait_until
@@ -132,7 +132,7 @@ def test_queue_refuses_beyond_its_bound(scheduler):
     engine.stop(5)
 
 
-def test_a_model_that_fails_to_load_ends_each_stream_with_an_error(scheduler):
+def test_a_model_that_fails_to_load_ends_each_stream_with_an_error(scheduler, caplog):
     store = InMemoryStreamStore()
 
     def broken_load():
@@ -144,7 +144,13 @@ def test_a_model_that_fails_to_load_ends_each_stream_with_an_error(scheduler):
     engine.stop(5)
     assert not engine.ready and "weights missing" in (engine.load_error or "")
     assert [e.type for e in events] == ["error"]
-    assert "not loaded" in events[0].data["message"]
+    # Readers get a reference; the log has why, under it.
+    assert events[0].data["message"] == failure_message("s1")
+    assert any(
+        "s1" in r.getMessage() and "not loaded (OSError: weights missing)" in str(r.exc_info[1])
+        for r in caplog.records
+        if r.exc_info
+    )
 
 
 def test_prompt_longer_than_the_context_is_an_error_event(real_engine, monkeypatch):

@@ -1,0 +1,150 @@
+"""A generation that fails inside the server: every channel shows a generic message with a
+reference, and only the log has the exception's text and traceback."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import httpx
+import pytest
+from asgiref.sync import sync_to_async
+from channels.testing import WebsocketCommunicator
+
+from accounts.services import api_key_create
+from generation import routing
+from generation.models import Conversation, Message
+from inference.engine import Job, failure_message
+from inference.generators import SyntheticGenerator
+from inference.streams import InMemoryStreamStore
+from inference.upstream import UpstreamPool, endpoint_from_json
+from tests.conftest import install_engine, wait_for_terminal
+from tests.generation.test_answer_stream import answer_in_new_conversation, get_stream, parse_sse, session_headers
+from tests.generation.test_api import CHAT, post, sse
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# What torch says when a kernel fails: paths and device state no client should read.
+TORCH_FAILURE = "CUDA error: device-side assert triggered at /opt/build/torch/csrc/Indexing.cu:1284 (secret-7f3a)"
+SECRET = "secret-7f3a"
+
+
+class FailingGenerator(SyntheticGenerator):
+    """The synthetic model, failing as a torch kernel might once it has written its answer."""
+
+    def finish_reason(self, length: int) -> str:
+        raise RuntimeError(TORCH_FAILURE)
+
+
+@pytest.fixture
+def failing_engine(stream_store):
+    engine = install_engine(stream_store, FailingGenerator(tokens_per_s=500, answer_words=3))
+    yield engine
+    engine.stop(timeout=10)
+
+
+@pytest.fixture
+def alice_key(alice) -> str:
+    return api_key_create(user=alice, name="test")[1]
+
+
+def assert_logged_with_traceback(caplog, stream_id: str) -> None:
+    failures = [r for r in caplog.records if r.exc_info and SECRET in str(r.exc_info[1])]
+    assert failures, "the log has no record of the failure"
+    assert any(stream_id in r.getMessage() for r in failures)
+    assert "Traceback (most recent call last)" in caplog.text
+
+
+def test_a_failed_completion_is_a_500_with_the_stream_as_reference(alice, alice_key, failing_engine, caplog):
+    response = post("/v1/chat/completions", {**CHAT, "max_tokens": 5}, alice_key)
+
+    assert response.status_code == 500
+    stream_id = alice.usage_records.get().stream_id
+    assert response.json()["error"] == {
+        "message": failure_message(stream_id),
+        "type": "server_error",
+        "param": None,
+        "code": "generation_failed",
+    }
+    assert SECRET not in response.content.decode()
+    assert_logged_with_traceback(caplog, stream_id)
+
+
+def test_a_failed_stream_ends_with_a_generic_error_event_after_its_tokens(alice, alice_key, failing_engine, caplog):
+    response = post("/v1/chat/completions", {**CHAT, "stream": True}, alice_key)
+
+    events = sse(response)
+    assert events[-1] == (None, "[DONE]")
+    chunks = [json.loads(data) for _, data in events[:-1]]
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks[:-1]) == "Streaming tokens one"
+    stream_id = alice.usage_records.get().stream_id
+    assert chunks[-1]["error"]["message"] == failure_message(stream_id)
+    assert SECRET not in "".join(data for _, data in events)
+    assert_logged_with_traceback(caplog, stream_id)
+
+
+async def test_the_browser_shows_the_generic_message_on_the_saved_answer(alice, alice_client, failing_engine, caplog):
+    answer = await sync_to_async(answer_in_new_conversation)(alice, max_tokens=5)
+
+    response = await get_stream(f"/chat/streams/{answer.stream_id}/", session_headers(alice_client))
+
+    done = parse_sse(response["body"])[-1]
+    assert done["event"] == "done" and failure_message(answer.stream_id) in done["data"]
+    assert SECRET not in response["body"].decode()
+    saved = await Message.objects.aget(pk=answer.pk)
+    assert saved.status == "error" and saved.error == failure_message(answer.stream_id)
+    assert_logged_with_traceback(caplog, answer.stream_id)
+
+
+async def test_the_websocket_sends_the_generic_message(alice, alice_client, failing_engine):
+    conversation = await Conversation.objects.acreate(user=alice, model="smollm2-135m-instruct")
+    headers = [*session_headers(alice_client), (b"origin", b"http://localhost")]
+    communicator = WebsocketCommunicator(routing.websocket_application, f"/ws/chat/{conversation.id}/", headers=headers)
+    assert (await communicator.connect())[0]
+
+    await communicator.send_json_to({"type": "generate", "prompt": "Fail, please"})
+    started = await communicator.receive_json_from(timeout=5)
+    received = []
+    while not received or received[-1]["type"] != "error":
+        received.append(await communicator.receive_json_from(timeout=10))
+    await communicator.disconnect()
+
+    assert received[-1]["message"] == failure_message(started["stream_id"])
+    assert SECRET not in json.dumps(received)
+
+
+def server_error(request: httpx.Request) -> httpx.Response:
+    return httpx.Response(500, json={"error": {"message": TORCH_FAILURE}})
+
+
+def error_mid_answer(request: httpx.Request) -> httpx.Response:
+    chunks = [{"choices": [{"index": 0, "delta": {"content": "Hi"}}]}, {"error": {"message": TORCH_FAILURE}}]
+    body = "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in chunks)
+    return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body.encode())
+
+
+def healthy(completions: Callable[[httpx.Request], httpx.Response]) -> Callable[[httpx.Request], httpx.Response]:
+    """A model server that lists its models and answers completions with `completions`."""
+
+    def serve(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/models"):
+            return httpx.Response(200, json={"object": "list", "data": [{"id": "m", "object": "model"}]})
+        return completions(request)
+
+    return serve
+
+
+@pytest.mark.parametrize("model_server", [server_error, error_mid_answer])
+def test_a_model_servers_own_failure_reaches_the_log_not_the_stream(model_server, caplog):
+    store = InMemoryStreamStore()
+    pool = UpstreamPool(store, health_interval_s=60)
+    pool._started_loop()
+    pool._client = httpx.AsyncClient(transport=httpx.MockTransport(healthy(model_server)))  # a test double
+    pool.configure([endpoint_from_json({"model": "remote", "base_url": "http://gpu-1/v1", "upstream_model": "m"}, "e")])
+
+    pool.submit(Job("s1", CHAT["messages"]), model="remote", prompt_tokens=1, body={"messages": CHAT["messages"]})
+
+    error = wait_for_terminal(store, "s1", timeout=10)[-1]
+    assert error.type == "error" and error.data["message"] == failure_message("s1")
+    assert SECRET not in json.dumps([event.data for event in store.events("s1")])
+    assert any("s1" in r.getMessage() and SECRET in r.getMessage() for r in caplog.records)
