@@ -107,7 +107,7 @@ def test_a_wrong_method_is_a_405_error_object_with_allow_before_any_key_check(al
 def test_an_oversized_body_is_a_413_error_object_that_starts_nothing(alice, alice_key, fast_engine, settings):
     settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
     body = {**CHAT, "messages": [{"role": "user", "content": "x" * 2000}]}
-    error = assert_api_error(post("/v1/chat/completions", body, alice_key), 413)
+    error = assert_api_error(post("/v1/chat/completions", body, alice_key), 413, "request_too_large")
     assert "1000 bytes" in error["message"]
     assert not UsageRecord.objects.filter(user=alice).exists()
 

@@ -6,7 +6,7 @@ import re
 
 import pytest
 from django.conf import settings
-from django.test import Client
+from django.test import Client, RequestFactory
 from django.urls import reverse
 
 from accounts.models import Account
@@ -577,8 +577,8 @@ def test_password_change_works_and_the_old_password_stops_working(alice, alice_c
     assert response.status_code == 302 and response["Location"] == reverse("accounts:password_change_done")
     assert "Your password was changed." in alice_client.get(response["Location"]).content.decode()
     assert alice_client.get(reverse("generation:chat")).status_code == 200  # still logged in here
-    assert not Client().login(username="alice", password=PASSWORD)
-    assert Client().login(username="alice", password="a-brand-new-secret-42")
+    assert not Client().login(request=RequestFactory().post("/accounts/login/"), username="alice", password=PASSWORD)
+    assert Client().login(request=RequestFactory().post("/accounts/login/"), username="alice", password="a-brand-new-secret-42")
 
 
 @pytest.mark.parametrize(
@@ -597,7 +597,7 @@ def test_a_refused_password_change_shows_the_error_and_keeps_the_old_password(al
 
     page = response.content.decode()
     assert error in page and 'class="errorlist' in page and "Your password was not changed" in page
-    assert Client().login(username="alice", password=PASSWORD)
+    assert Client().login(request=RequestFactory().post("/accounts/login/"), username="alice", password=PASSWORD)
 
 
 def test_password_change_requires_login(client):
