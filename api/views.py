@@ -103,8 +103,6 @@ def api_view(view: View) -> View:
             if error.retry_after is not None:
                 response["Retry-After"] = str(error.retry_after)
         response["X-Request-Id"] = request_id
-        # Served without SecurityMiddleware (chatsite.asgi.ProgramsHandler).
-        response["X-Content-Type-Options"] = "nosniff"
         if caller is not None:
             quota = caller.quota or await sync_to_async(quota_for)(caller.user)
             for name, value in quota.headers().items():
