@@ -204,3 +204,13 @@ def test_deploy_check_names_each_https_setting_left_at_its_plain_http_default():
     warnings = set(re.findall(r"\(security\.(W\d+)\)", result.stderr))
     # HSTS, SSL redirect, session cookie, CSRF cookie: and nothing else.
     assert warnings == {"W004", "W008", "W012", "W016"}
+
+
+def test_every_variable_is_listed_in_env_example_and_the_readme_table():
+    names = set(re.findall(r'env_\w+\(\s*"([A-Z][A-Z0-9_]+)"', (ROOT / "chatsite" / "settings.py").read_text()))
+    example = (ROOT / ".env.example").read_text()
+    table = [line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| `")]
+
+    assert {"DJANGO_ALLOWED_HOSTS", "DJANGO_CSRF_TRUSTED_ORIGINS", "DJANGO_SECURE_HSTS_PRELOAD"} <= names
+    assert [name for name in sorted(names) if not re.search(rf"^(# )?{name}=", example, re.MULTILINE)] == []
+    assert [name for name in sorted(names) if not any(line.startswith(f"| `{name}` |") for line in table)] == []
