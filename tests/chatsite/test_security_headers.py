@@ -3,7 +3,10 @@ HTTPS behind a proxy: CSRF, HSTS and the redirect."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from asgiref.sync import async_to_sync
 from django.test import Client
 from django.urls import reverse
 
@@ -95,6 +98,26 @@ async def test_the_api_and_the_probes_carry_them_without_the_browsers_middleware
     assert response["status"] == status
     assert_secured(lowered(response["headers"]))
     assert b"set-cookie" not in {name.lower() for name, _ in response["headers"]}  # no session, no CSRF cookie
+
+
+def test_the_apis_event_streams_carry_them_too(alice_key, fast_engine):
+    body = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "Hi"}], "stream": True}
+    created = Client().post(
+        "/v1/chat/completions",
+        json.dumps({**body, "stream_options": {"resumable": True}}),
+        content_type="application/json",
+        headers={"authorization": f"Bearer {alice_key}"},
+    )
+    first_data = next(line for line in b"".join(created).decode().splitlines() if line.startswith("data: "))
+    completion_id = json.loads(first_data.removeprefix("data: "))["id"]
+    headers = [HOST, (b"authorization", f"Bearer {alice_key}".encode())]
+
+    response = async_to_sync(get_stream)(f"/v1/streams/{completion_id}", headers, handler=ProgramsHandler())
+
+    assert response["status"] == 200 and response["body"].endswith(b"data: [DONE]\n\n")
+    headers = lowered(response["headers"])
+    assert headers["content-type"].startswith("text/event-stream")
+    assert_secured(headers)
 
 
 # Behind a proxy that ends TLS: daphne sees plain HTTP, the proxy says what the browser used.
