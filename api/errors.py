@@ -98,8 +98,6 @@ def invalid_url(request: HttpRequest) -> ApiError:
 def finish(response: ResponseT, request_id: str) -> ResponseT:
     """The headers of every API response."""
     response["X-Request-Id"] = request_id
-    # Served without SecurityMiddleware (chatsite.asgi.ProgramsHandler).
-    response["X-Content-Type-Options"] = "nosniff"
     return response
 
 

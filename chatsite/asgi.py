@@ -10,9 +10,6 @@ import threading
 from typing import Any
 
 from django.core.asgi import get_asgi_application
-from django.core.handlers.asgi import ASGIHandler
-from django.core.handlers.exception import convert_exception_to_response
-from django.http import HttpRequest, HttpResponseBase
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
 # Set up Django before anything imports models.
@@ -23,34 +20,12 @@ from django.conf import settings  # noqa: E402
 
 from api.errors import API_PREFIX  # noqa: E402
 from chatsite.body_limit import BodyLimit, install_in_daphne  # noqa: E402
+from chatsite.handlers import ProgramsHandler  # noqa: E402
 from chatsite.observability import RequestLog  # noqa: E402
 from generation import routing  # noqa: E402
 from generation.backends import backend  # noqa: E402
 
 logger = logging.getLogger(__name__)
-
-
-class ProgramsHandler(ASGIHandler):
-    """Django's ASGI handler without middleware, for the requests of programs: the API and the probes.
-
-    Their callers send an API key or nothing: no session, CSRF token, message, login or
-    page frame to handle. In an async view each of Django's MiddlewareMixin middlewares
-    costs two thread hops, about 1.5 ms of every completion's first token here
-    (docs/benchmarks.md, upstream backend), so these requests skip them. The API sets its
-    own headers (api.views.api_view); HTTPS redirects are for browsers.
-    """
-
-    def load_middleware(self, is_async: bool = False) -> None:
-        self._view_middleware: list[Any] = []
-        self._template_response_middleware: list[Any] = []
-        self._exception_middleware: list[Any] = []
-        self._middleware_chain = convert_exception_to_response(self._response_for_allowed_host)
-
-    async def _response_for_allowed_host(self, request: HttpRequest) -> HttpResponseBase:
-        request.get_host()  # DisallowedHost (400) unless ALLOWED_HOSTS has it, as CommonMiddleware checks
-        response: HttpResponseBase = await self._get_response_async(request)  # type: ignore[attr-defined]
-        return response
-
 
 programs_asgi_app = ProgramsHandler()
 PROGRAM_PATHS = (API_PREFIX, "/healthz", "/readyz", "/metrics")

@@ -9,8 +9,10 @@ import re
 import secrets
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dj_database_url
+from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
 from inference.registry import UnknownModel, resolve_model
@@ -93,6 +95,42 @@ def env_list(name: str, default: str) -> list[str]:
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
 
 
+def env_origins(name: str) -> list[str]:
+    """Comma-separated origins, each scheme://host[:port] with nothing after it; a host may
+    start with `*.` for every subdomain (Django's CSRF_TRUSTED_ORIGINS takes that form)."""
+    origins = env_list(name, "")
+    for origin in origins:
+        if not _is_origin(origin):
+            raise ImproperlyConfigured(
+                f"{name}: {origin!r} is not an origin such as https://chat.example.com or https://*.example.com:8443."
+            )
+    return origins
+
+
+def _is_origin(text: str) -> bool:
+    parts = urlsplit(text)
+    try:
+        parts.port  # noqa: B018 (raises ValueError when the port is not a port)
+    except ValueError:
+        return False
+    exact = text == f"{parts.scheme}://{parts.netloc}" and "@" not in parts.netloc
+    return parts.scheme in ("http", "https") and bool(parts.hostname) and exact
+
+
+def env_proxy_ssl_header(name: str) -> tuple[str, str] | None:
+    """`Header-Name:value`, the header a proxy sets and its value for HTTPS requests, as
+    Django's SECURE_PROXY_SSL_HEADER wants it: ("HTTP_HEADER_NAME", "value")."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    header, _, value = (part.strip() for part in raw.partition(":"))
+    if not re.fullmatch(r"[A-Za-z0-9-]+", header) or not value:
+        raise ImproperlyConfigured(
+            f"{name} must be a header and its HTTPS value, such as X-Forwarded-Proto:https (got {raw!r})."
+        )
+    return "HTTP_" + header.upper().replace("-", "_"), value
+
+
 def env_device(name: str, default: str) -> str:
     value = os.environ.get(name, default).strip()
     index = value.removeprefix("cuda:")
@@ -131,6 +169,18 @@ SECRET_KEY = _secret_key()
 DEBUG = env_bool("DJANGO_DEBUG", False)
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
 
+# HTTPS, directly or behind a proxy (README: Behind an HTTPS proxy). The defaults serve
+# plain HTTP, as `make run` does; `manage.py check --deploy` says what production wants.
+# Pages of these other origins may post forms and open the chat's WebSocket.
+CSRF_TRUSTED_ORIGINS = env_origins("DJANGO_CSRF_TRUSTED_ORIGINS")
+# Trust this header only when a proxy always sets it and nothing reaches daphne past the proxy.
+SECURE_PROXY_SSL_HEADER = env_proxy_ssl_header("DJANGO_SECURE_PROXY_SSL_HEADER")
+SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", False)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_bool("DJANGO_SECURE_COOKIES", False)
+SECURE_HSTS_SECONDS = env_int("DJANGO_SECURE_HSTS_SECONDS", 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("DJANGO_SECURE_HSTS_PRELOAD", False)
+
 INSTALLED_APPS = [
     "daphne",
     "django.contrib.admin",
@@ -143,6 +193,7 @@ INSTALLED_APPS = [
     "channels",
     "django_htmx",
     "axes",
+    "csp",
     "accounts",
     "generation",
     "api",
@@ -151,6 +202,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    "csp.middleware.CSPMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -162,6 +214,22 @@ MIDDLEWARE = [
     # Last, as django-axes asks: it turns a locked-out log-in into the lock-out page.
     "axes.middleware.AxesMiddleware",
 ]
+
+# Every page loads only this site's own scripts, styles and images, and talks only to it:
+# no inline code (chat.js is a static file; base.html's htmx-config keeps htmx from
+# injecting its indicator style or evaluating code), no frames, no plugins.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [NONE],
+        "script-src": [SELF],
+        "style-src": [SELF],
+        "img-src": [SELF],
+        "connect-src": [SELF],
+        "base-uri": [NONE],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    }
+}
 
 ROOT_URLCONF = "chatsite.urls"
 ASGI_APPLICATION = "chatsite.asgi.application"

@@ -45,15 +45,18 @@ def active_generations(site: LiveSite) -> int:
     return round(sum(float(v) for v in re.findall(r"^chatsite_active_generations\{[^}]*\} (\S+)$", metrics, re.M)))
 
 
-def test_the_api_and_the_probes_skip_the_browsers_middleware_and_pages_keep_it(live_site, alice_key):
-    """chatsite.asgi.ProgramsHandler: no session, CSRF or frame middleware (thread hops) for programs."""
+def test_the_api_and_the_probes_skip_the_browsers_middleware_but_keep_its_security_headers(live_site, alice_key):
+    """chatsite.handlers.ProgramsHandler: no session or CSRF middleware (thread hops) for programs."""
     api = httpx.get(f"{live_site.base_url}/v1/models", headers={"Authorization": f"Bearer {alice_key}"})
     probe = httpx.get(f"{live_site.base_url}/healthz")
     page = httpx.get(f"{live_site.base_url}/accounts/login/")
     assert api.status_code == probe.status_code == page.status_code == 200
-    assert api.headers["X-Content-Type-Options"] == "nosniff"
-    assert "X-Frame-Options" not in api.headers and "X-Frame-Options" not in probe.headers
-    assert page.headers["X-Frame-Options"] == "DENY" and "csrftoken" in page.cookies
+    for response in (api, probe, page):
+        assert response.headers["X-Content-Type-Options"] == "nosniff"
+        assert response.headers["X-Frame-Options"] == "DENY"
+        assert "default-src 'none'" in response.headers["Content-Security-Policy"]
+    assert "Vary" not in api.headers and "Vary" not in probe.headers  # no session, no CSRF cookie looked at
+    assert "Cookie" in page.headers["Vary"] and "csrftoken" in page.cookies
 
 
 def test_the_server_logs_one_json_line_per_request_and_generation_and_never_a_key_or_a_prompt(live_site, client):

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import os
+import re
+import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +19,8 @@ from chatsite.settings import (
     env_int,
     env_list,
     env_optional_int,
+    env_origins,
+    env_proxy_ssl_header,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,10 +103,49 @@ def test_env_header_gives_the_request_meta_key(monkeypatch):
         env_header("HEADER")
 
 
-def run_check(**env: str) -> subprocess.CompletedProcess:
-    environment = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL",)} | env
+def test_env_origins_takes_origins_and_subdomain_wildcards(monkeypatch):
+    monkeypatch.setenv("ORIGINS", "https://chat.example.com, https://*.example.org:8443,http://localhost:8000")
+    assert env_origins("ORIGINS") == ["https://chat.example.com", "https://*.example.org:8443", "http://localhost:8000"]
+    monkeypatch.setenv("ORIGINS", "")
+    assert env_origins("ORIGINS") == []
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["chat.example.com", "https://chat.example.com/", "https://chat.example.com/chat", "ftp://chat.example.com",
+     "https://", "https://chat.example.com:port", "https://user@chat.example.com"],
+)  # fmt: skip
+def test_env_origins_refuses_what_is_not_an_origin(monkeypatch, bad):
+    monkeypatch.setenv("ORIGINS", f"https://ok.example.com,{bad}")
+    with pytest.raises(ImproperlyConfigured, match=f"ORIGINS: '{bad}' is not an origin"):
+        env_origins("ORIGINS")
+
+
+@pytest.mark.parametrize("raw", ["X-Forwarded-Proto:https", " X-Forwarded-Proto: https "])
+def test_env_proxy_ssl_header_names_the_header_as_django_reads_it(monkeypatch, raw):
+    monkeypatch.setenv("PROXY", raw)
+    assert env_proxy_ssl_header("PROXY") == ("HTTP_X_FORWARDED_PROTO", "https")
+    monkeypatch.delenv("PROXY")
+    assert env_proxy_ssl_header("PROXY") is None
+
+
+@pytest.mark.parametrize("bad", ["X-Forwarded-Proto", "X-Forwarded-Proto:", ":https", "X Forwarded:https"])
+def test_env_proxy_ssl_header_refuses_a_header_without_its_value(monkeypatch, bad):
+    monkeypatch.setenv("PROXY", bad)
+    with pytest.raises(ImproperlyConfigured, match="PROXY"):
+        env_proxy_ssl_header("PROXY")
+
+
+def run_check(*options: str, **env: str) -> subprocess.CompletedProcess:
+    # Only the variables given here: none of the caller's DJANGO_* or REDIS_URL.
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("DJANGO_") and k != "REDIS_URL"}
     return subprocess.run(
-        [sys.executable, "manage.py", "check"], cwd=ROOT, env=environment, capture_output=True, text=True, timeout=60
+        [sys.executable, "manage.py", "check", *options],
+        cwd=ROOT,
+        env=inherited | env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -124,6 +167,14 @@ def run_check(**env: str) -> subprocess.CompletedProcess:
         ("CHAT_LOGIN_FAILURE_LIMIT", "0"),
         ("CHAT_LOGIN_LOCKOUT_MINUTES", "soon"),
         ("CHAT_CLIENT_IP_HEADER", "X-Forwarded-For: 1.2.3.4"),
+        ("DJANGO_CSRF_TRUSTED_ORIGINS", "chat.example.com"),
+        ("DJANGO_SECURE_PROXY_SSL_HEADER", "X-Forwarded-Proto"),
+        ("DJANGO_SECURE_SSL_REDIRECT", "always"),
+        ("DJANGO_SECURE_COOKIES", "secure"),
+        ("DJANGO_SECURE_HSTS_SECONDS", "a year"),
+        ("DJANGO_SECURE_HSTS_SECONDS", "-1"),
+        ("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", "all"),
+        ("DJANGO_SECURE_HSTS_PRELOAD", "please"),
     ],
 )
 def test_bad_value_stops_start_up_naming_the_variable(variable, value):
@@ -144,3 +195,46 @@ def test_good_configuration_passes_the_check():
         CHAT_CLIENT_IP_HEADER="X-Forwarded-For",
     )
     assert result.returncode == 0, result.stderr
+
+
+# Production as README's "Behind an HTTPS proxy" sets it up.
+PRODUCTION = {
+    "DJANGO_DEBUG": "0",
+    "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
+    "DJANGO_ALLOWED_HOSTS": "chat.example.com",
+    "DJANGO_CSRF_TRUSTED_ORIGINS": "https://chat.example.com",
+    "DJANGO_SECURE_PROXY_SSL_HEADER": "X-Forwarded-Proto:https",
+    "DJANGO_SECURE_SSL_REDIRECT": "1",
+    "DJANGO_SECURE_COOKIES": "1",
+    "DJANGO_SECURE_HSTS_SECONDS": "31536000",
+    "DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS": "1",
+    "DJANGO_SECURE_HSTS_PRELOAD": "1",
+}
+
+
+def test_deploy_check_is_clean_with_production_settings():
+    result = run_check("--deploy", "--fail-level", "WARNING", **PRODUCTION)
+
+    assert result.returncode == 0, result.stderr
+    assert "System check identified no issues (0 silenced)." in result.stdout
+
+
+def test_deploy_check_names_each_https_setting_left_at_its_plain_http_default():
+    plain = {name: value for name, value in PRODUCTION.items() if "SECURE" not in name}
+
+    result = run_check("--deploy", "--fail-level", "WARNING", **plain)
+
+    assert result.returncode != 0
+    warnings = set(re.findall(r"\(security\.(W\d+)\)", result.stderr))
+    # HSTS, SSL redirect, session cookie, CSRF cookie: and nothing else.
+    assert warnings == {"W004", "W008", "W012", "W016"}
+
+
+def test_every_variable_is_listed_in_env_example_and_the_readme_table():
+    names = set(re.findall(r'env_\w+\(\s*"([A-Z][A-Z0-9_]+)"', (ROOT / "chatsite" / "settings.py").read_text()))
+    example = (ROOT / ".env.example").read_text()
+    table = [line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| `")]
+
+    assert {"DJANGO_ALLOWED_HOSTS", "DJANGO_CSRF_TRUSTED_ORIGINS", "DJANGO_SECURE_HSTS_PRELOAD"} <= names
+    assert [name for name in sorted(names) if not re.search(rf"^(# )?{name}=", example, re.MULTILINE)] == []
+    assert [name for name in sorted(names) if not any(line.startswith(f"| `{name}` |") for line in table)] == []

@@ -27,11 +27,13 @@ def session_headers(client) -> list[tuple[bytes, bytes]]:
     return [(b"cookie", cookie.encode()), (b"host", b"localhost")]
 
 
-async def get_stream(path: str, headers: list[tuple[bytes, bytes]], timeout: float = 30) -> dict:
-    """GET through Django's ASGI handler: the response's status, headers and whole body."""
+async def get_stream(
+    path: str, headers: list[tuple[bytes, bytes]], timeout: float = 30, *, handler=application
+) -> dict:
+    """GET through Django's ASGI handler (or another): the response's status, headers and whole body."""
     path, _, query = path.partition("?")
     scope = {"type": "http", "method": "GET", "path": path, "query_string": query.encode(), "headers": headers}
-    communicator = ApplicationCommunicator(application, scope)
+    communicator = ApplicationCommunicator(handler, scope)
     try:
         await communicator.send_input({"type": "http.request", "body": b""})
         response = await communicator.receive_output(timeout)

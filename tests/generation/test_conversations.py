@@ -578,7 +578,9 @@ def test_password_change_works_and_the_old_password_stops_working(alice, alice_c
     assert "Your password was changed." in alice_client.get(response["Location"]).content.decode()
     assert alice_client.get(reverse("generation:chat")).status_code == 200  # still logged in here
     assert not Client().login(request=RequestFactory().post("/accounts/login/"), username="alice", password=PASSWORD)
-    assert Client().login(request=RequestFactory().post("/accounts/login/"), username="alice", password="a-brand-new-secret-42")
+    assert Client().login(
+        request=RequestFactory().post("/accounts/login/"), username="alice", password="a-brand-new-secret-42"
+    )
 
 
 @pytest.mark.parametrize(

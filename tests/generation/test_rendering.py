@@ -31,12 +31,14 @@ def test_headings_lists_emphasis_and_strikethrough_render():
     assert "<s>gone</s>" in html
 
 
-def test_tables_render_with_their_alignment():
-    html = render_markdown("| name | n |\n|:-----|--:|\n| a | 1 |")
+def test_tables_render_with_their_alignment_as_classes():
+    html = render_markdown("| name | kind | n |\n|:-----|:----:|--:|\n| a | b | 1 |")
 
     assert "<table>" in html and "<thead>" in html and "<tbody>" in html
-    assert '<th style="text-align:left">name</th>' in html
-    assert '<td style="text-align:right">1</td>' in html
+    assert '<th class="align-left">name</th>' in html
+    assert '<th class="align-center">kind</th>' in html
+    assert '<td class="align-right">1</td>' in html
+    assert "style=" not in html  # the Content-Security-Policy lets no inline style apply
 
 
 def test_result_is_a_safe_string_without_surrounding_whitespace():

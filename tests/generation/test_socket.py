@@ -136,9 +136,9 @@ async def test_bob_is_refused_on_alices_conversation(bob_client, conversation, f
 
 
 async def test_anonymous_socket_is_refused(conversation, fast_engine):
-    communicator = socket(conversation.id, [ORIGIN])
-    connected, _ = await communicator.connect()
-    assert not connected
+    communicator = socket(conversation.id, [(b"host", b"localhost"), ORIGIN])
+    connected, code = await communicator.connect()
+    assert not connected and code == 4403
 
 
 async def test_foreign_origin_is_refused(alice_client, conversation, fast_engine):

@@ -1,0 +1,71 @@
+"""The Content-Security-Policy in a real Chromium: the pages work under it and break none of it."""
+
+from __future__ import annotations
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.conftest import sign_up
+from tests.livesite import LiveSite
+from tests.test_browser_streams import wait_for_words
+
+SYNTHETIC_ENV = {"CHAT_ENABLE_SYNTHETIC": "1", "CHAT_MODEL": "synthetic", "CHAT_SYNTHETIC_TOKENS_PER_S": "100"}
+# Reports every violation to the test: through a binding, which the page's policy doesn't govern.
+REPORT_VIOLATIONS = """
+document.addEventListener("securitypolicyviolation", (event) => {
+  const where = `${event.sourceFile}:${event.lineNumber}`;
+  window.reportViolation(`${event.effectiveDirective} blocked ${event.blockedURI || "inline"} at ${where}`);
+}, true);
+"""
+
+
+@pytest.fixture(scope="module")
+def synthetic_site():
+    with LiveSite(env=SYNTHETIC_ENV) as site:
+        yield site
+
+
+@pytest.fixture
+def violations() -> list[str]:
+    """What the page's policy blocked: its `securitypolicyviolation` events and Chromium's console reports."""
+    return []
+
+
+@pytest.fixture
+def page(browser, synthetic_site, violations):
+    context = browser.new_context(base_url=synthetic_site.base_url)
+    page = context.new_page()
+    page.expose_function("reportViolation", lambda violation: violations.append(violation))
+    page.add_init_script(REPORT_VIOLATIONS)
+    page.on("console", lambda message: "Content Security Policy" in message.text and violations.append(message.text))
+    yield page
+    context.close()
+
+
+def test_no_violation_on_the_chat_page_while_an_answer_streams_and_after(page, violations):
+    sign_up(page, "csp-alice")
+    assert "script-src 'self'" in page.request.get("/chat/").headers["content-security-policy"]
+    page.get_by_label("Message").fill("Stream something")
+    page.get_by_role("button", name="Send").click()
+
+    answer = page.locator("article[data-role=assistant]").last
+    wait_for_words(answer, 5)
+    expect(answer).to_have_attribute("data-status", "streaming")
+    assert violations == []
+    expect(answer).to_have_attribute("data-status", "complete", timeout=60_000)
+    page.reload()  # the saved answer, rendered as Markdown
+    expect(page.locator("article[data-role=assistant]").last).to_have_attribute("data-status", "complete")
+    for path in ("/accounts/keys/", "/accounts/password_change/", "/v1/docs"):
+        page.goto(path)
+
+    assert violations == []
+
+
+def test_the_policy_is_enforced_and_a_violation_would_be_seen(page, violations):
+    page.goto("/accounts/login/")
+
+    # What htmx does unless base.html's htmx-config says not to: an inline style element.
+    page.evaluate("() => document.head.append(Object.assign(document.createElement('style'), {textContent: 'p {}'}))")
+
+    page.wait_for_timeout(500)
+    assert any(violation.startswith("style-src-elem blocked inline") for violation in violations), violations
