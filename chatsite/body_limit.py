@@ -26,11 +26,10 @@ from typing import Any
 from daphne import http_protocol
 from django.conf import settings
 
-from api.errors import body_too_large
+from api.errors import API_PREFIX, body_too_large
+from generation import logs
 
 logger = logging.getLogger(__name__)
-
-API_PREFIX = "/v1/"
 
 
 def body_limit() -> int | None:
@@ -131,10 +130,21 @@ class LimitedWebRequest(http_protocol.WebRequest):
         raw_path = getattr(self.channel, "_path", b"").split(b"?")[0].decode("latin-1")
         root_path = self.server.root_path or ""
         content_type, body = refusal(raw_path.removeprefix(root_path), limit)
-        head = f"HTTP/1.1 413 Content Too Large\r\ncontent-length: {len(body)}\r\nconnection: close\r\n"
+        # Refused before the application, and its request log: the id is given here.
+        given = self.requestHeaders.getRawHeaders(b"x-request-id", [b""])[0].decode("latin-1")
+        request_id = logs.new_request_id(given)
+        head = (
+            f"HTTP/1.1 413 Content Too Large\r\ncontent-length: {len(body)}\r\nconnection: close\r\n"
+            f"x-request-id: {request_id}\r\n"
+        )
         self.channel.transport.write(head.encode() + b"content-type: " + content_type + b"\r\n\r\n" + body)
         self.channel.loseConnection()
-        logger.warning("Refused a request body over %s bytes from %s", limit, self.getClientAddress())
+        logger.warning(
+            "Refused a request body over %s bytes from %s",
+            limit,
+            self.getClientAddress(),
+            extra={"request_id": request_id, "path": raw_path, "status": 413},
+        )
 
 
 def install_in_daphne() -> None:

@@ -34,10 +34,14 @@ REQUEST_LOGGED = "chatsite.request_logged"
 _USABLE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
+def new_request_id(given_id: str | None) -> str:
+    """A request's id: the caller's `X-Request-ID` if it is a plain token, else a new one."""
+    return given_id if given_id and _USABLE_ID.fullmatch(given_id) else uuid.uuid4().hex
+
+
 def request_begin(given_id: str | None) -> dict[str, Any]:
     """Open the current request's context with its id (the caller's, if usable)."""
-    request_id = given_id if given_id and _USABLE_ID.fullmatch(given_id) else uuid.uuid4().hex
-    fields: dict[str, Any] = {"request_id": request_id}
+    fields: dict[str, Any] = {"request_id": new_request_id(given_id)}
     _request.set(fields)
     return fields
 
