@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -184,6 +185,29 @@ def test_a_days_budget_smaller_than_the_answer_stops_it_at_the_grant(upstream):
         chunks = list(client.chat.completions.create(model="remote", messages=CHAT, stream=True))
     assert len(text_of(chunks).split()) == 12
     assert [chunk.choices[0].finish_reason for chunk in chunks if chunk.choices][-1] == "length"
+
+
+def test_sigterm_lets_model_server_answers_finish_then_closes_the_rest_as_interrupted(upstream):
+    endpoints = json.dumps([upstream.endpoint()])
+    with LiveSite(env={**SYNTHETIC, "CHAT_UPSTREAMS": endpoints, "GRACEFUL_TIMEOUT": "2"}) as site:
+        key = unlimited_api_key(site)
+        short = raw_stream(site, key, {"model": "remote", "messages": CHAT, "max_tokens": 40})  # 0.8 s at 50/s
+        long = raw_stream(site, key, {"model": "remote", "messages": CHAT, "max_tokens": 2000})  # 40 s
+        next(line for line in short if '"content":"' in line)
+        next(line for line in long if '"content":"' in line)
+
+        assert site.process is not None
+        site.process.send_signal(signal.SIGTERM)
+        short_rest, long_rest = [line for line in short if line], [line for line in long if line]
+        exit_code = site.process.wait(timeout=20)
+        deadline = time.monotonic() + 5
+        while upstream.active_generations() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert exit_code == 0
+    assert short_rest[-1] == "data: [DONE]" and '"finish_reason":"length"' in "".join(short_rest)
+    errors = [json.loads(line[6:])["error"] for line in long_rest if line.startswith('data: {"error"')]
+    assert errors and errors[0]["message"] == "interrupted"
+    assert upstream.active_generations() == 0  # the model server stopped generating too
 
 
 def test_a_server_that_never_answers_ends_the_request_with_504_on_time():
