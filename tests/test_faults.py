@@ -22,6 +22,7 @@ import pytest
 
 from tests.livesite import (
     ROOT,
+    ChatClient,
     LiveSite,
     LiveWorker,
     free_port,
@@ -194,6 +195,33 @@ def test_redis_restarted_mid_stream_ends_the_stream_cleanly_and_service_resumes(
             assert saved[before.json()["id"].split("-", 1)[1]] == ["complete", 8]  # not lost
             assert saved[after.json()["id"].split("-", 1)[1]] == ["complete", 8]
             assert "streaming" not in [status for status, _ in saved.values()]  # the cut one was settled
+    finally:
+        stop_process(redis)
+
+
+@pytest.mark.skipif(not shutil.which("redis-server"), reason="needs redis-server (a Redis of the test's own)")
+def test_redis_stopped_mid_answer_ends_the_browsers_stream_and_the_saved_answer_follows():
+    port = free_port()
+    redis = start_redis(port)
+    try:
+        with LiveSite(env={**SYNTHETIC, "REDIS_URL": f"redis://127.0.0.1:{port}/0"}) as site:
+            alice = ChatClient(site.base_url)
+            alice.signup("alice")
+            sent = alice.send("Go on.")
+            seen = []
+            for event in alice.stream(sent.stream_url):
+                seen.append(event)
+                if len(seen) == 5:
+                    stop_process(redis)
+                    stopped_at = time.monotonic()
+            assert time.monotonic() - stopped_at < 10  # ended, so that EventSource reconnects
+            assert seen[-1].event == "token"
+
+            redis = start_redis(port)
+            time.sleep(1)  # EventSource reconnects a second later (retry: 1000)
+            rest = list(alice.stream(sent.stream_url, headers={"Last-Event-ID": seen[-1].id}))
+            assert rest[-1].event == "done" and 'data-status="stopped"' in rest[-1].data  # as its producer saved it
+            assert "".join(ChatClient.delta(e) for e in seen).split()[0] in rest[-1].data  # its text kept
     finally:
         stop_process(redis)
 
