@@ -7,6 +7,7 @@ resumed (`/v1/streams/<id>`) or cancelled from any process.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from functools import wraps
@@ -29,10 +30,12 @@ from api.openapi import openapi_document
 from api.schemas import ChatCompletionRequest, CompletionOptions, CompletionRequest
 from generation import logs, runtime, sse
 from generation.backends import backend
-from generation.refusals import REFUSALS, refusal_of
+from generation.refusals import REFUSALS, UNREACHABLE, Refusal, refusal_of
 from generation.services import generation_cancel, generation_start
 from inference.generators import Prompt
 from inference.streams import StreamNotFound
+
+logger = logging.getLogger(__name__)
 
 STREAM_PREFIXES = {"chatcmpl-": "chat", "cmpl-": "text"}
 
@@ -77,12 +80,17 @@ def api_view(*methods: str, public: bool = False) -> Callable[[View], View]:
                     response = await view(request, caller, *args, **kwargs)
             except ApiError as error:
                 response = error.response()
+            except UNREACHABLE as error:
+                response = _refused(refusal_of(error)).response()
             except Exception:
                 response = internal_error(request, request_id).response()
 
             if caller is not None:
-                quota = caller.quota or await sync_to_async(quota_for)(caller.user)
-                for name, value in quota.headers().items():
+                try:
+                    quota = caller.quota or await sync_to_async(quota_for)(caller.user)
+                except UNREACHABLE:  # the counters are in Redis: the response goes without them
+                    quota = None
+                for name, value in quota.headers().items() if quota else ():
                     response[name] = value
             return finish(response, request_id)
 
@@ -210,9 +218,7 @@ async def _complete(
         refusal = refusal_of(error)
         # The services call the prompt "prompt"; a chat completion's is its messages.
         param = "messages" if refusal.param == "prompt" and completion.kind == "chat" else refusal.param
-        raise ApiError(
-            refusal.status, refusal.message, code=refusal.code, param=param, retry_after=refusal.retry_after
-        ) from None
+        raise _refused(refusal, param=param) from None
     caller.quota = started.quota
     if body.stream:
         return _sse_response(
@@ -245,7 +251,7 @@ async def _whole_completion(completion: Completion) -> HttpResponseBase:
         raise ApiError(500, "The generation ended without a result.", code="generation_failed")
     finally:
         if not finished:  # the client went away (or we failed): don't generate for nobody
-            await sync_to_async(generation_cancel)(stream_id=completion.stream_id)
+            await _cancel_quietly(completion.stream_id)
 
 
 def _sse_response(
@@ -291,14 +297,31 @@ async def _sse_chunks(
     except StreamNotFound:
         finished = True
         yield sse.event(ApiError(404, "This stream has expired.", code="stream_not_found").body()) + DONE
+    except UNREACHABLE as error:
+        # The stream store went away mid-stream (a Redis restart): after the headers, the
+        # 503 goes out as an event. The producer saves the answer as far as it got.
+        logger.warning("Stream %s lost its stream store: %s", completion.stream_id, error)
+        yield sse.event(_refused(refusal_of(error)).body()) + DONE
     except Exception:
-        # The reading failed (say the stream store is unreachable): after the headers, the
-        # error goes out as an event, and the log has what happened.
+        # The reading failed otherwise: the error goes out as an event, the log has it.
         yield sse.event(internal_error(request, caller.request_id).body()) + DONE
     finally:
         # Django cancels this generator when the client disconnects.
         if not finished and cancel_on_disconnect:
-            await sync_to_async(generation_cancel)(stream_id=completion.stream_id)
+            await _cancel_quietly(completion.stream_id)
+
+
+async def _cancel_quietly(stream_id: str) -> None:
+    """Cancel a stream's generation as its reader leaves; a failure here (the store is
+    unreachable) must not break off the response before it ends, leaving the client waiting."""
+    try:
+        await sync_to_async(generation_cancel)(stream_id=stream_id)
+    except Exception:
+        logger.warning("Could not cancel the generation of stream %s", stream_id, exc_info=True)
+
+
+def _refused(refusal: Refusal, *, param: str | None = None) -> ApiError:
+    return ApiError(refusal.status, refusal.message, code=refusal.code, param=param, retry_after=refusal.retry_after)
 
 
 async def _owned_completion(caller: Caller, completion_id: str) -> Completion:

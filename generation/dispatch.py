@@ -19,6 +19,7 @@ from django.db import transaction
 
 from inference.admission import Admission
 from inference.backend import GenerationTask
+from inference.engine import EngineOverloaded
 from inference.streams import StreamStore
 
 logger = logging.getLogger(__name__)
@@ -88,9 +89,16 @@ class CeleryDispatcher:
     def submit(self, task: GenerationTask) -> None:
         """Admit the task across all processes, then queue it once the transaction commits.
 
-        Raises EngineOverloaded when GENERATION_MAX_QUEUE generations already wait. A task
+        Raises EngineOverloaded when GENERATION_MAX_QUEUE generations already wait, and
+        when no generation worker is alive (none beats under QUEUE_PRODUCER): a task queued
+        then would not wait for a worker but be settled as interrupted by the reaper's next
+        round, which sees the queue's heartbeat gone. Refused at once instead, it is a 503
+        with Retry-After that clients retry (the openai client does by itself) until a
+        restarted worker beats again, and it holds no place and no quota meanwhile. A task
         that has to wait is told how many are ahead of it (a `status` event), as in-process.
         """
+        if not self.store.producer_alive(QUEUE_PRODUCER):
+            raise EngineOverloaded("no generation worker is alive")
         ahead = self.admission.admit(self.model, task.stream_id)
         try:
             self.store.create(task.stream_id)

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial, wraps
-from typing import Any
+from typing import Any, TypeVar
 
 from celery import signature
 from django.conf import settings
-from django.db import close_old_connections, transaction
+from django.db import InterfaceError, OperationalError, close_old_connections, connections, transaction
 
 from accounts.services import usage_finish
 from generation.logs import log_generation
@@ -24,6 +24,8 @@ from inference.engine import GenerationResult, Job
 
 TITLE_TASK = "generation.title"
 
+T = TypeVar("T")
+
 
 def job_for(task: GenerationTask, *, on_done: Callable[[GenerationResult], None] | None = None) -> Job:
     """The engine job of a task; `on_done` runs after the result is saved."""
@@ -33,11 +35,9 @@ def job_for(task: GenerationTask, *, on_done: Callable[[GenerationResult], None]
             return  # refused after it started: nothing was recorded
         observe_generation(task.model, result)
         log_generation(task, result)
-        usage_finish(stream_id=task.stream_id, usage_estimated=result.usage_estimated, **result.outcome_fields())
-        if task.message_id is not None:
-            message_finish(task.message_id, result)
-            if result.status == "complete" and settings.CHAT_AUTO_TITLE:
-                _title_if_first(task.message_id)
+        # The result must not be lost to a connection that died meanwhile (a terminated
+        # backend, a database restart): the run would count as streaming for ever.
+        retried_on_a_new_connection(partial(_result_save, task, result))
         if on_done:
             on_done(result)
 
@@ -50,6 +50,24 @@ def job_for(task: GenerationTask, *, on_done: Callable[[GenerationResult], None]
         on_finish=engine_thread_task(finish),
         ahead=task.ahead,
     )
+
+
+def _result_save(task: GenerationTask, result: GenerationResult) -> None:
+    usage_finish(stream_id=task.stream_id, usage_estimated=result.usage_estimated, **result.outcome_fields())
+    if task.message_id is not None:
+        message_finish(task.message_id, result)
+        if result.status == "complete" and settings.CHAT_AUTO_TITLE:
+            _title_if_first(task.message_id)
+
+
+def retried_on_a_new_connection(write: Callable[[], T]) -> T:
+    """Run a database write, and once more on a new connection if the connection died
+    under it. Only for writes that may run twice (updates to final values)."""
+    try:
+        return write()
+    except (InterfaceError, OperationalError):
+        connections.close_all()
+        return write()
 
 
 def message_save_progress(message_id: int, text: str) -> None:

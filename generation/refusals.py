@@ -8,12 +8,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
 from accounts.services import InvalidRequest, QuotaExceeded
 from inference.engine import EngineOverloaded
 from inference.registry import UnknownModel
 
+# Redis (stream store, rate limits, admission, broker) down or restarting: a 503 to retry,
+# like a full queue, not a 500. Redis clients reconnect by themselves once it is back.
+UNREACHABLE = (RedisConnectionError, RedisTimeoutError)
 # What can refuse to start a generation.
-REFUSALS = (InvalidRequest, QuotaExceeded, EngineOverloaded, UnknownModel)
+REFUSALS = (InvalidRequest, QuotaExceeded, EngineOverloaded, UnknownModel, *UNREACHABLE)
 BUSY_RETRY_AFTER_S = 5
 
 
@@ -41,6 +47,13 @@ def refusal_of(error: Exception) -> Refusal:
         return Refusal(429, error.code, error.message, error.param, error.retry_after)
     if isinstance(error, UnknownModel):
         return Refusal(404, "model_not_found", str(error), "model")
+    if isinstance(error, UNREACHABLE):
+        return Refusal(
+            503,
+            "server_overloaded",
+            "The server cannot reach a service it needs right now. Try again in a moment.",
+            retry_after=BUSY_RETRY_AFTER_S,
+        )
     return Refusal(
         503, "server_overloaded", "The server is busy right now. Try again in a moment.", retry_after=BUSY_RETRY_AFTER_S
     )

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +31,7 @@ from generation.forms import ConversationRenameForm, ConversationSettingsForm, P
 from generation.metrics import export_loads
 from generation.models import Conversation, Message
 from generation.reaping import message_mark_interrupted
-from generation.refusals import REFUSALS, Refusal, refusal_of
+from generation.refusals import REFUSALS, UNREACHABLE, Refusal, refusal_of
 from generation.selectors import thread
 from inference.streams import StreamEvent, StreamNotFound, coalesced
 
@@ -38,6 +39,8 @@ from inference.streams import StreamEvent, StreamNotFound, coalesced
 RECONNECT_PREAMBLE = b"retry: 1000\n\n"
 # The answer events the page handles itself; the terminal one is rendered here.
 BROWSER_EVENTS = frozenset({"status", "token"})
+
+logger = logging.getLogger(__name__)
 
 
 class HtmxHttpRequest(HttpRequest):
@@ -105,6 +108,11 @@ async def _answer_chunks(message: Message, after: int) -> AsyncIterator[bytes]:
         # The producer is gone (e.g. a restart): settle the answer as it was saved.
         settled = await sync_to_async(message_mark_interrupted)(message)
         yield await _final_event(settled.pk, None)
+    except UNREACHABLE as error:
+        # The stream store went away (a Redis restart). Ending the response, rather than
+        # breaking it off, lets EventSource reconnect with Last-Event-ID and resume, or
+        # get the saved answer once the store is back and has forgotten the stream.
+        logger.warning("Stream %s lost its stream store: %s", message.stream_id, error)
 
 
 def answer_events(events: list[StreamEvent]) -> bytes:

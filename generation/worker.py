@@ -12,19 +12,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import TypeVar
 
 import prometheus_client
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, connections
 
 from generation import runtime
 from generation.backends import InProcessBackend
 from generation.dispatch import QUEUE_PRODUCER
-from generation.jobs import job_for
+from generation.jobs import job_for, retried_on_a_new_connection
 from generation.metrics import export_loads
 from generation.reaping import generation_abandon
 from generation.services import generation_cancel, generation_claims
@@ -33,7 +30,6 @@ from inference.engine import Engine, EngineOverloaded, GenerationResult
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
 
 _started = threading.Event()
 
@@ -97,14 +93,6 @@ _unrecorded: dict[str, dict[str, int | None]] = {}  # producer -> stream id -> a
 _unrecorded_lock = threading.Lock()
 
 
-def _on_kept_connection(write: Callable[[], T]) -> T:
-    try:
-        return write()
-    except (InterfaceError, OperationalError):  # the kept connection died (a database restart)
-        connections.close_all()
-        return write()
-
-
 def _note_claim(task: GenerationTask, producer: str) -> None:
     """Have the claim written into the ledger with the others of the next CLAIMS_DELAY_S."""
     with _unrecorded_lock:
@@ -122,7 +110,7 @@ def _record_claims(delay_s: float) -> None:
     for producer, claims in unrecorded.items():
         record = partial(generation_claims, claims=claims, producer=producer)
         try:
-            streaming = _on_kept_connection(record)
+            streaming = retried_on_a_new_connection(record)
         except Exception:  # the reaper still finds the worker through the streams' claims
             logger.exception("Could not record that %s runs %d generations", producer, len(claims))
             continue
@@ -140,7 +128,7 @@ def generate(task: GenerationTask) -> str:
     if not store.claim(task.stream_id, engine.producer):
         if not store.exists(task.stream_id):  # expired while it waited: settle it, or it streams forever
             abandon = partial(generation_abandon, stream_id=task.stream_id, message_id=task.message_id)
-            _ledger.submit(_on_kept_connection, abandon).result()
+            _ledger.submit(retried_on_a_new_connection, abandon).result()
         logger.info("Generation %s was settled, taken or lost before it started; skipped", task.stream_id)
         return "skipped"
     _note_claim(task, engine.producer)

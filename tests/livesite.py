@@ -163,12 +163,14 @@ class LiveWorker:
         if self.beat:
             command += ["-B", "-s", f"{self._tmp.name}/beat-schedule", "-c", "2"]
         started = time.monotonic()
+        # A model worker says so once its engine has loaded and it took its place; a
+        # restarted one says it again in the same log.
+        ready_line = "serves" if self.queue == "generation" else " ready."
+        said_before = self.log().count(ready_line)
         self.process = subprocess.Popen(
             command, cwd=ROOT, env=self.env, stdout=self.log_path.open("ab"), stderr=subprocess.STDOUT
         )
-        # A model worker says so once its engine has loaded and it took its place.
-        ready_line = "serves" if self.queue == "generation" else " ready."
-        while ready_line not in self.log():
+        while self.log().count(ready_line) <= said_before:
             if self.process.poll() is not None:
                 raise RuntimeError(f"celery worker exited with {self.process.returncode}:\n{self.log()}")
             if time.monotonic() > started + ready_timeout:

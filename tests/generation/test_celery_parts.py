@@ -90,6 +90,7 @@ def test_admitted_lists_places_by_age(admission):
 @pytest.fixture
 def dispatcher(admission, stream_store, monkeypatch):
     queued: list[GenerationTask] = []
+    stream_store.beat(QUEUE_PRODUCER, ttl_s=60)  # a generation worker is alive
     found = CeleryDispatcher("synthetic", lambda: SyntheticGenerator(50), stream_store, admission)
     monkeypatch.setattr(found, "_enqueue", queued.append)
     found.queued_tasks = queued
@@ -111,10 +112,19 @@ def test_dispatcher_tells_a_waiting_task_its_place_and_queues_it(dispatcher, str
 
 def test_dispatcher_refuses_past_the_bound_and_queues_nothing(dispatcher, stream_store):
     for n in range(2):
-        dispatcher.submit(task_for(f"s{n}"))  # no live worker: two may wait
+        dispatcher.submit(task_for(f"s{n}"))  # no worker has loaded it yet: two may wait
     with pytest.raises(EngineOverloaded):
         dispatcher.submit(task_for("s2"))
     assert len(dispatcher.queued_tasks) == 2 and not stream_store.exists("s2")
+
+
+def test_dispatcher_refuses_when_no_generation_worker_is_alive(admission, stream_store):
+    dispatcher = CeleryDispatcher("synthetic", lambda: SyntheticGenerator(50), stream_store, admission)
+
+    with pytest.raises(EngineOverloaded, match="no generation worker is alive"):
+        dispatcher.submit(task_for("s1"))
+
+    assert admission.state("synthetic") == (0, 0) and not stream_store.exists("s1")  # no place held
 
 
 def test_generation_start_under_celery_records_the_queue_as_producer(

@@ -10,12 +10,15 @@ import httpx
 import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
+from django.db import OperationalError
 
-from accounts.services import api_key_create
-from generation import routing
+from accounts.models import UsageRecord
+from accounts.services import api_key_create, usage_finish
+from generation import jobs, routing
 from generation.models import Conversation, Message
-from inference.engine import Job, failure_message
-from inference.generators import SyntheticGenerator
+from inference.backend import GenerationTask
+from inference.engine import GenerationResult, Job, failure_message
+from inference.generators import GenerationParams, SyntheticGenerator
 from inference.streams import InMemoryStreamStore
 from inference.upstream import UpstreamPool, endpoint_from_json
 from tests.conftest import install_engine, wait_for_terminal
@@ -148,3 +151,25 @@ def test_a_model_servers_own_failure_reaches_the_log_not_the_stream(model_server
     assert error.type == "error" and error.data["message"] == failure_message("s1")
     assert SECRET not in json.dumps([event.data for event in store.events("s1")])
     assert any("s1" in r.getMessage() and SECRET in r.getMessage() for r in caplog.records)
+
+
+def test_a_result_is_saved_although_the_connection_died_under_its_first_write(alice, monkeypatch):
+    UsageRecord.objects.create(user=alice, channel="api", model="synthetic", stream_id="s1")
+    writes = []
+
+    def dies_once(**fields):
+        writes.append(fields)
+        if len(writes) == 1:
+            raise OperationalError("terminating connection due to administrator command")
+        usage_finish(**fields)
+
+    monkeypatch.setattr(jobs, "usage_finish", dies_once)
+    task = GenerationTask("s1", "synthetic", "Hi", GenerationParams(max_tokens=5))
+    job = jobs.job_for(task)
+    assert job.on_finish is not None
+
+    job.on_finish(GenerationResult(text="Hi there", status="complete", finish_reason="length", completion_tokens=2))
+
+    assert len(writes) == 2
+    record = UsageRecord.objects.get(stream_id="s1")
+    assert (record.status, record.completion_tokens) == ("complete", 2)

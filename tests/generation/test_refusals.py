@@ -8,9 +8,11 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from accounts.models import Account, UsageRecord
 from accounts.services import account_for, api_key_create
+from api import views as api_views
 from generation import services
 from generation.models import Conversation, Message
 from inference.generators import GenerationParams, SyntheticGenerator
@@ -286,3 +288,17 @@ def test_the_sidebar_is_one_query_however_many_conversations(alice, alice_client
 
     assert sum("generation_conversation" in q["sql"] for q in queries) == 1
     assert all(f"Chat {n}" in page for n in range(5))
+
+
+def test_an_unreachable_redis_is_a_503_to_retry_not_a_500(alice, alice_key, fast_engine, monkeypatch):
+    def unreachable(**kwargs):
+        raise RedisConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    monkeypatch.setattr(api_views, "generation_start", unreachable)
+    monkeypatch.setattr(api_views, "quota_for", lambda *args, **kwargs: unreachable())
+
+    response = post("/v1/chat/completions", CHAT, alice_key)
+
+    assert_error(response, 503, "server_overloaded")
+    assert int(response["Retry-After"]) > 0
+    assert "x-ratelimit-limit-requests" not in response  # the counters were out of reach
