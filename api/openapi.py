@@ -10,9 +10,17 @@ from inference.streams import MAX_SEQUENCE
 
 ERROR = {"$ref": "#/components/schemas/Error"}
 SEQUENCE = {"type": "integer", "minimum": 0, "maximum": MAX_SEQUENCE}
+# OpenAPI 3.1 describes an event stream's events, each one read as {id, event, data}.
 STREAM = {
-    "type": "string",
-    "description": "Server-sent events: `id: <seq>` and `data: <chunk>` lines, then `data: [DONE]`",
+    "type": "object",
+    "description": "A server-sent event: `id:` its sequence number, `data:` a chunk's JSON, and last [DONE]; "
+    'an error after the stream began is a {"error": …} object before [DONE]. Comment lines (`: ping`) are no events.',
+    "properties": {
+        "id": {"type": "string", "pattern": "^[0-9]+$"},
+        "event": {"const": "message"},
+        "data": {"type": "string", "pattern": r"^(\{.*\}|\[DONE\])$"},
+    },
+    "required": ["data"],
 }
 RATE_LIMIT_HEADERS = (
     "x-ratelimit-limit-requests",

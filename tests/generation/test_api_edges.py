@@ -321,7 +321,7 @@ def test_the_document_describes_every_answer_with_its_schema(client):
     paths = client.get("/v1/openapi.json").json()["paths"]
     chat = paths["/chat/completions"]["post"]["responses"]
     assert chat["200"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ChatCompletion"}
-    assert "text/event-stream" in chat["200"]["content"]
+    assert chat["200"]["content"]["text/event-stream"]["schema"]["properties"]["data"]["type"] == "string"
     assert {"X-Request-Id", "x-ratelimit-remaining-tokens"} <= set(chat["200"]["headers"])
     for status in ("400", "401", "404", "405", "413", "429", "500", "503"):
         assert chat[status]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Error"}
