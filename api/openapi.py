@@ -10,29 +10,173 @@ from inference.streams import MAX_SEQUENCE
 
 ERROR = {"$ref": "#/components/schemas/Error"}
 SEQUENCE = {"type": "integer", "minimum": 0, "maximum": MAX_SEQUENCE}
-
-
-def _responses(ok: str, *extra: int) -> dict[str, Any]:
-    responses: dict[str, Any] = {"200": {"description": ok}}
-    for status in (400, 401, *extra):
-        responses[str(status)] = {"description": _STATUS[status], "content": {"application/json": {"schema": ERROR}}}
-    responses["default"] = {"description": _OTHER_ERRORS, "content": {"application/json": {"schema": ERROR}}}
-    return responses
-
-
-_OTHER_ERRORS = (
-    "Any other error, in the same shape: 404 for an unknown path, 405 (with Allow) for another method, "
-    "500 whose message names the X-Request-Id under which the server's log has the details"
+# OpenAPI 3.1 describes an event stream's events, each one read as {id, event, data}.
+STREAM = {
+    "type": "object",
+    "description": "A server-sent event: `id:` its sequence number, `data:` a chunk's JSON, and last [DONE]; "
+    'an error after the stream began is a {"error": …} object before [DONE]. Comment lines (`: ping`) are no events.',
+    "properties": {
+        "id": {"type": "string", "pattern": "^[0-9]+$"},
+        "event": {"const": "message"},
+        "data": {"type": "string", "pattern": r"^(\{.*\}|\[DONE\])$"},
+    },
+    "required": ["data"],
+}
+RATE_LIMIT_HEADERS = (
+    "x-ratelimit-limit-requests",
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-limit-tokens",
+    "x-ratelimit-remaining-tokens",
+    "x-ratelimit-reset-requests",
+    "x-ratelimit-reset-tokens",
 )
 
 
+def _header(description: str, *, required: bool = True, schema: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"description": description, "required": required, "schema": schema or {"type": "string"}}
+
+
+REQUEST_ID = _header("The request's id, the one the server's log lines carry (the client's own if it sent one)")
+RETRY_AFTER = _header("Seconds to wait before trying again", schema={"type": "string", "pattern": "^[0-9]+$"})
+
 _STATUS = {
-    400: "invalid_request_error, context_length_exceeded",
+    400: "invalid_request_error: bad JSON, a wrong type, an out-of-range value, an unknown field; "
+    "context_length_exceeded",
     401: "invalid_api_key",
-    404: "model_not_found or stream_not_found",
-    413: "request body too large",
+    404: "model_not_found, stream_not_found, or an unknown path",
+    405: "Another method than the path's (with Allow)",
+    413: "request_too_large: the body is over the size allowed",
     429: "rate_limit_exceeded, insufficient_quota or too_many_concurrent_streams (with Retry-After)",
+    500: "A failure; its message names the X-Request-Id under which the server's log has the details",
     503: "server_overloaded (with Retry-After)",
+}
+
+
+def _ok(description: str, schema: str, *, stream: bool = False) -> dict[str, Any]:
+    content: dict[str, Any] = {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}
+    if stream:
+        content["text/event-stream"] = {"schema": STREAM}
+    headers = {
+        "X-Request-Id": REQUEST_ID,
+        **{name: _header("OpenAI's rate-limit header") for name in RATE_LIMIT_HEADERS},
+    }
+    return {"description": description, "headers": headers, "content": content}
+
+
+def _responses(ok: dict[str, Any], *, sent: bool = False, model: bool = False) -> dict[str, Any]:
+    """`ok` and the errors an operation may answer: those of a body if `sent`, of a generation if `model`."""
+    statuses = [400, 401, 404, 405, 500]
+    if sent:
+        statuses.append(413)
+    if model:
+        statuses += [429, 503]
+    responses: dict[str, Any] = {"200": ok}
+    for status in sorted(statuses):
+        headers = {"X-Request-Id": REQUEST_ID}
+        if status in (429, 503):
+            headers["Retry-After"] = RETRY_AFTER
+        if status == 405:
+            headers["Allow"] = _header("The methods the path takes")
+        responses[str(status)] = {
+            "description": _STATUS[status],
+            "headers": headers,
+            "content": {"application/json": {"schema": ERROR}},
+        }
+    responses["default"] = {
+        "description": "Any other error, in the same shape (a model server's 502 or 504, say)",
+        "headers": {"X-Request-Id": REQUEST_ID},
+        "content": {"application/json": {"schema": ERROR}},
+    }
+    return responses
+
+
+def _object(properties: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "required": list(properties), **extra}
+
+
+INTEGER = {"type": "integer"}
+STRING = {"type": "string"}
+FINISH_REASON = {"enum": ["stop", "length", "tool_calls", "content_filter"]}
+RESPONSE_SCHEMAS: dict[str, Any] = {
+    "Error": _object(
+        {
+            "error": _object(
+                {
+                    "message": STRING,
+                    "type": STRING,
+                    "param": {"type": ["string", "null"]},
+                    "code": {"type": ["string", "null"]},
+                }
+            )
+        }
+    ),
+    "CompletionUsage": _object({"prompt_tokens": INTEGER, "completion_tokens": INTEGER, "total_tokens": INTEGER}),
+    "ChatCompletion": _object(
+        {
+            "id": {"type": "string", "pattern": "^chatcmpl-"},
+            "object": {"const": "chat.completion"},
+            "created": INTEGER,
+            "model": STRING,
+            "choices": {
+                "type": "array",
+                "items": _object(
+                    {
+                        "index": INTEGER,
+                        "message": {
+                            "type": "object",
+                            "properties": {
+                                "role": {"const": "assistant"},
+                                "content": {"type": ["string", "null"]},
+                                "refusal": {"type": "null"},
+                                "tool_calls": {"type": "array", "items": {"type": "object"}},
+                            },
+                            "required": ["role", "content"],
+                        },
+                        "finish_reason": FINISH_REASON,
+                        "logprobs": {"type": ["object", "null"]},
+                    }
+                ),
+            },
+            "usage": {"$ref": "#/components/schemas/CompletionUsage"},
+        }
+    ),
+    "TextCompletion": _object(
+        {
+            "id": {"type": "string", "pattern": "^cmpl-"},
+            "object": {"const": "text_completion"},
+            "created": INTEGER,
+            "model": STRING,
+            "choices": {
+                "type": "array",
+                "items": _object(
+                    {"index": INTEGER, "text": STRING, "finish_reason": FINISH_REASON, "logprobs": {"type": "null"}}
+                ),
+            },
+            "usage": {"$ref": "#/components/schemas/CompletionUsage"},
+        }
+    ),
+    "ModelList": _object(
+        {
+            "object": {"const": "list"},
+            "data": {
+                "type": "array",
+                "items": _object({"id": STRING, "object": {"const": "model"}, "created": INTEGER, "owned_by": STRING}),
+            },
+        }
+    ),
+    "StreamCancellation": _object(
+        {"id": STRING, "object": {"const": "stream.cancellation"}, "cancelled": {"type": "boolean"}}
+    ),
+    "Usage": _object(
+        {
+            "object": {"const": "usage"},
+            "plan": STRING,
+            "requests": _object({"per_minute": INTEGER, "used": INTEGER, "remaining": INTEGER, "resets_in_s": INTEGER}),
+            "tokens": _object({"per_day": INTEGER, "used": INTEGER, "remaining": INTEGER, "resets_in_s": INTEGER}),
+            "max_concurrent_streams": INTEGER,
+            "max_tokens_per_request": INTEGER,
+        }
+    ),
 }
 
 _STREAM_ID = {
@@ -42,6 +186,12 @@ _STREAM_ID = {
     "schema": {"type": "string"},
     "description": "The completion's id, e.g. chatcmpl-…",
 }
+
+
+def _stream_resumed() -> dict[str, Any]:
+    ok = _ok("A text/event-stream of the chunks after that event", "ChatCompletion", stream=True)
+    del ok["content"]["application/json"]
+    return ok
 
 
 @cache
@@ -54,24 +204,10 @@ def openapi_document() -> dict[str, Any]:
 
     streamed = (
         "A JSON object, or with stream=true a text/event-stream of chunks ending with data: [DONE]; "
-        "while the request waits for room, comment lines say so (': queued, N ahead', then ': running')"
+        "while the request waits for room, comment lines say so (': queued, N ahead', then ': running'); "
+        'an error after the stream began is a data: {"error": …} event before [DONE]'
     )
-    schemas: dict[str, Any] = {
-        "Error": {
-            "type": "object",
-            "properties": {
-                "error": {
-                    "type": "object",
-                    "properties": {
-                        "message": {"type": "string"},
-                        "type": {"type": "string"},
-                        "param": {"type": ["string", "null"]},
-                        "code": {"type": ["string", "null"]},
-                    },
-                }
-            },
-        },
-    }
+    schemas: dict[str, Any] = dict(RESPONSE_SCHEMAS)
     for model in (ChatCompletionRequest, CompletionRequest):
         generated = model.model_json_schema(ref_template="#/components/schemas/{model}")
         schemas.update(generated.pop("$defs", {}))
@@ -98,19 +234,24 @@ def openapi_document() -> dict[str, Any]:
         },
         "security": [{"bearer": []}, {"apiKey": []}],
         "paths": {
-            "/models": {"get": {"summary": "List the models", "responses": _responses("An OpenAI list of models")}},
+            "/models": {
+                "get": {
+                    "summary": "List the models",
+                    "responses": _responses(_ok("An OpenAI list of models", "ModelList")),
+                }
+            },
             "/chat/completions": {
                 "post": {
                     "summary": "Create a chat completion",
                     "requestBody": body("ChatCompletionRequest"),
-                    "responses": _responses(streamed, 404, 413, 429, 503),
+                    "responses": _responses(_ok(streamed, "ChatCompletion", stream=True), sent=True, model=True),
                 }
             },
             "/completions": {
                 "post": {
                     "summary": "Create a text completion (legacy)",
                     "requestBody": body("CompletionRequest"),
-                    "responses": _responses(streamed, 404, 413, 429, 503),
+                    "responses": _responses(_ok(streamed, "TextCompletion", stream=True), sent=True, model=True),
                 }
             },
             "/streams/{id}": {
@@ -121,20 +262,20 @@ def openapi_document() -> dict[str, Any]:
                         {"name": "after", "in": "query", "schema": SEQUENCE},
                         {"name": "Last-Event-ID", "in": "header", "schema": SEQUENCE},
                     ],
-                    "responses": _responses("A text/event-stream of the chunks after that event", 404),
+                    "responses": _responses(_stream_resumed()),
                 }
             },
             "/streams/{id}/cancel": {
                 "post": {
                     "summary": "Stop a generation you own",
                     "parameters": [_STREAM_ID],
-                    "responses": _responses("{id, object: stream.cancellation, cancelled}", 404),
+                    "responses": _responses(_ok("Whether a running generation was stopped", "StreamCancellation")),
                 }
             },
             "/usage": {
                 "get": {
                     "summary": "Your plan, what you used and what is left",
-                    "responses": _responses("Plan, requests and tokens: limits, used, remaining, resets"),
+                    "responses": _responses(_ok("Plan, requests and tokens: limits, used, remaining, resets", "Usage")),
                 }
             },
         },

@@ -5,7 +5,16 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJsonSchemaHandler, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
+    WithJsonSchema,
+    field_validator,
+)
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, PydanticCustomError, core_schema
 
@@ -114,17 +123,39 @@ class StreamOptions(Strict):
     resumable: bool = False
 
 
+def _integral(value: object) -> object:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# JSON Schema, and so the document, counts 8.0 as an integer; strict mode alone refuses it.
+# After an int's bounds, so that the document keeps them as minimum and maximum.
+INTEGRAL = BeforeValidator(_integral)
 Temperature = Annotated[float, Field(ge=0, le=2, description=f"0 is greedy; default {DEFAULT_TEMPERATURE:g}.")]
 TopP = Annotated[float, Field(gt=0, le=1, description=f"Default {DEFAULT_TOP_P:g}.")]
-MaxTokens = Annotated[int, Field(ge=1, le=MAX_TOKENS_MAX)]
-Seed = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)]
-OneChoice = Annotated[int, Field(ge=1, le=128), Only(1, because="chatsite generates one choice per request")]
+MaxTokens = Annotated[int, Field(ge=1, le=MAX_TOKENS_MAX), INTEGRAL]
+Seed = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX), INTEGRAL]
+_STOP_SEQUENCE = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_LENGTH}
+# Checked by CompletionOptions._stop, with one message for both forms; the document states the bounds.
+Stop = Annotated[
+    str | list[str] | None,
+    WithJsonSchema(
+        {
+            "anyOf": [
+                _STOP_SEQUENCE,
+                {"type": "array", "items": _STOP_SEQUENCE, "maxItems": MAX_STOP_SEQUENCES},
+                {"type": "null"},
+            ]
+        }
+    ),
+]
+OneChoice = Annotated[int, Field(ge=1, le=128), INTEGRAL, Only(1, because="chatsite generates one choice per request")]
 # What models on model servers honour and the in-process models refuse (generation_admit).
 SERVER_ONLY = "Models on model servers take it; the in-process models only {neutral} (else a 400 naming the field)."
 Penalty = Annotated[float, Field(ge=-2, le=2, description=SERVER_ONLY.format(neutral="0"))]
 LogitBias = Annotated[
-    dict[Annotated[str, Field(pattern=r"^[0-9]{1,10}$")], Annotated[int, Field(ge=-100, le=100)]],
-    Field(description=SERVER_ONLY.format(neutral="{}")),
+    dict[Annotated[str, Field(pattern=r"^[0-9]{1,10}$")], Annotated[int, Field(ge=-100, le=100), INTEGRAL]],
+    # Token ids only: a key the pattern refuses is refused.
+    Field(description=SERVER_ONLY.format(neutral="{}"), json_schema_extra={"additionalProperties": False}),
 ]
 # OpenAI's platform: stored completions and their tags, processing tiers, output kinds.
 NoStore = Annotated[bool, Only(False, because="chatsite does not store completions")]
@@ -138,10 +169,14 @@ ServiceTier = Annotated[
 ]
 TextOnly = Annotated[list[Literal["text", "audio"]], Only(["text"], because="chatsite answers in text only")]
 # Legacy text completions.
-OneCompletion = Annotated[int, Field(ge=1, le=20), Only(1, because="chatsite generates one completion per request")]
+OneCompletion = Annotated[
+    int, Field(ge=1, le=20), INTEGRAL, Only(1, because="chatsite generates one completion per request")
+]
 NoEcho = Annotated[bool, Only(False, because="chatsite does not echo the prompt")]
 NoSuffix = Annotated[str, Only(because="chatsite does not insert text after a completion")]
-NoTextLogprobs = Annotated[int, Field(ge=0, le=5), Only(because="chatsite's text completions carry no logprobs")]
+NoTextLogprobs = Annotated[
+    int, Field(ge=0, le=5), INTEGRAL, Only(because="chatsite's text completions carry no logprobs")
+]
 
 
 class CompletionOptions(Strict):
@@ -154,7 +189,7 @@ class CompletionOptions(Strict):
     temperature: Temperature | None = None
     top_p: TopP | None = None
     seed: Seed | None = None
-    stop: str | list[str] | None = None
+    stop: Stop = None
     n: OneChoice | None = None
     frequency_penalty: Penalty | None = None
     presence_penalty: Penalty | None = None
@@ -227,7 +262,7 @@ class ChatCompletionRequest(CompletionOptions):
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
     logprobs: bool | None = None
-    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=20), INTEGRAL] | None = None
     store: NoStore | None = None
     metadata: Metadata | None = None
     service_tier: ServiceTier | None = None

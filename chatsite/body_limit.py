@@ -14,7 +14,9 @@ guards off. A refusal is a 413: the API's error object under /v1/, plain text el
   Content-Length as soon as the headers are in, and as a chunked body passes the limit.
   It answers and closes the connection, as Twisted does with the bad requests it refuses
   itself. daphne offers no setting for this; its request class is a module global that
-  its protocol factory reads for every connection.
+  its protocol factory reads for every connection. It also leaves a POST's form body
+  unparsed: daphne passes the raw body on and never reads Twisted's parse, and Twisted
+  answers a multipart body it cannot parse with a bare 400, no error object, no log line.
 """
 
 from __future__ import annotations
@@ -102,6 +104,10 @@ class LimitedWebRequest(http_protocol.WebRequest):
 
     _refused = False
     _received = 0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Django parses forms, and the API reads JSON (a bad body is its 400 error object).
+        super().__init__(*args, parsePOSTFormSubmission=False, **kwargs)
 
     def gotLength(self, length: int | None) -> None:
         super().gotLength(length)

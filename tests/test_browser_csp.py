@@ -69,3 +69,20 @@ def test_the_policy_is_enforced_and_a_violation_would_be_seen(page, violations):
 
     page.wait_for_timeout(500)
     assert any(violation.startswith("style-src-elem blocked inline") for violation in violations), violations
+
+
+def test_the_api_docs_page_renders_the_openapi_document_with_the_vendored_swagger_ui(page, violations, synthetic_site):
+    errors: list[str] = []
+    page.on("console", lambda message: message.type == "error" and errors.append(message.text))
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    outside: list[str] = []  # no CDN, no validator: the page loads only this site's files
+    page.on("request", lambda request: request.url.startswith(synthetic_site.base_url) or outside.append(request.url))
+
+    page.goto("/v1/docs")
+
+    operations = page.locator(".opblock-summary-path")
+    expect(operations.filter(has_text="/chat/completions").first).to_be_visible(timeout=20_000)
+    expect(operations).to_have_count(6)
+    page.locator(".opblock-summary-path", has_text="/chat/completions").first.click()  # unfolds its responses
+    expect(page.locator(".responses-wrapper").first).to_contain_text("429")
+    assert violations == [] and errors == [] and outside == []

@@ -190,3 +190,17 @@ def test_requests_within_the_limit_still_work(site):
         assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key"
     assert httpx.get(f"{site.base_url}/accounts/signup/").status_code == 200
     assert httpx.get(f"{site.base_url}/healthz").status_code == 200
+
+
+@pytest.mark.parametrize("content_type", ["multipart/form-data", "multipart/form-data; boundary=x"])
+def test_a_body_that_is_no_form_is_the_apis_to_refuse_even_labelled_multipart(site, content_type):
+    """Twisted parses a POST's form body before daphne, and answered a bad one with a bare 400."""
+    response = httpx.post(
+        f"{site.base_url}/v1/chat/completions",
+        content=b'{"model": "synthetic", "messages": []}',
+        headers={"Content-Type": content_type, "X-Request-Id": "multipart-1"},
+    )
+
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "invalid_api_key"
+    assert response.headers["X-Request-Id"] == "multipart-1"

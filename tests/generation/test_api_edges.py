@@ -288,3 +288,45 @@ def test_the_openapi_document_describes_the_accepted_fields_and_the_other_errors
             assert operation["responses"]["default"]["content"]["application/json"]["schema"] == {
                 "$ref": "#/components/schemas/Error"
             }
+
+
+# -- what the fuzzer (tests/test_api_fuzz.py) found ------------------------------------------
+
+
+@pytest.mark.parametrize(("field", "value"), [("max_tokens", 3.0), ("seed", 42.0), ("n", 1.0)])
+def test_an_integer_written_with_a_decimal_point_is_an_integer_as_the_document_says(
+    alice_key, fast_engine, field, value
+):
+    """JSON Schema's "integer" takes 3.0; strict validation alone refused it."""
+    response = post("/v1/chat/completions", {**CHAT, "max_tokens": 3, field: value}, alice_key)
+
+    assert response.status_code == 200, response.content
+    assert response.json()["usage"]["completion_tokens"] == 3
+    error = assert_api_error(post("/v1/chat/completions", {**CHAT, "max_tokens": 3.5}, alice_key), 400)
+    assert error["param"] == "max_tokens"
+
+
+def test_the_document_states_the_bounds_the_server_checks(client):
+    chat = client.get("/v1/openapi.json").json()["components"]["schemas"]["ChatCompletionRequest"]["properties"]
+    sequence, sequences, _ = chat["stop"]["anyOf"]
+    assert (sequence["minLength"], sequence["maxLength"]) == (1, 100)
+    assert sequences["items"] == sequence and sequences["maxItems"] == 4
+    bias = chat["logit_bias"]["anyOf"][0]
+    assert bias["additionalProperties"] is False
+    assert bias["patternProperties"]["^[0-9]{1,10}$"] == {"type": "integer", "minimum": -100, "maximum": 100}
+    assert chat["max_tokens"]["anyOf"][0] == {"type": "integer", "minimum": 1, "maximum": 2**31 - 1}
+
+
+def test_the_document_describes_every_answer_with_its_schema(client):
+    paths = client.get("/v1/openapi.json").json()["paths"]
+    chat = paths["/chat/completions"]["post"]["responses"]
+    assert chat["200"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ChatCompletion"}
+    assert chat["200"]["content"]["text/event-stream"]["schema"]["properties"]["data"]["type"] == "string"
+    assert {"X-Request-Id", "x-ratelimit-remaining-tokens"} <= set(chat["200"]["headers"])
+    for status in ("400", "401", "404", "405", "413", "429", "500", "503"):
+        assert chat[status]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Error"}
+    assert "Retry-After" in chat["429"]["headers"] and "Retry-After" in chat["503"]["headers"]
+    assert "Allow" in chat["405"]["headers"]
+    assert list(paths["/streams/{id}"]["get"]["responses"]["200"]["content"]) == ["text/event-stream"]
+    models = paths["/models"]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
+    assert models == {"$ref": "#/components/schemas/ModelList"}
