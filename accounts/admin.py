@@ -22,12 +22,13 @@ from django.utils import timezone
 from accounts.models import Account, ApiKey, Plan, UsageDay, UsageRecord
 
 LIMIT_FIELDS = ["requests_per_minute", "tokens_per_day", "max_concurrent_streams", "max_tokens_per_request"]
+DOCUMENT_LIMIT_FIELDS = ["max_documents_per_conversation", "max_document_bytes"]
 
 
 @admin.register(Plan)
 class PlanAdmin(admin.ModelAdmin):
-    list_display = ["name", *LIMIT_FIELDS]
-    list_editable = LIMIT_FIELDS
+    list_display = ["name", *LIMIT_FIELDS, *DOCUMENT_LIMIT_FIELDS]
+    list_editable = [*LIMIT_FIELDS, *DOCUMENT_LIMIT_FIELDS]
     search_fields = ["name"]
 
 

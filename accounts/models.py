@@ -19,6 +19,11 @@ class Plan(models.Model):
     tokens_per_day = models.PositiveIntegerField(default=200_000)
     max_concurrent_streams = models.PositiveIntegerField(default=2)
     max_tokens_per_request = models.PositiveIntegerField(default=1024)
+    # Documents attached to a conversation (documents/): how many, and how big each file.
+    max_documents_per_conversation = models.PositiveIntegerField(default=20)
+    max_document_bytes = models.PositiveIntegerField(
+        default=2_000_000, help_text="Capped by DATA_UPLOAD_MAX_MEMORY_SIZE, the limit of any request body."
+    )
 
     class Meta:
         ordering = ["name"]
