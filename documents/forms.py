@@ -6,7 +6,8 @@ from documents.extraction import KINDS
 
 
 class DocumentUploadForm(forms.Form):
-    # Empty files pass here and are refused with the other unreadable ones (extraction).
+    # Empty files pass here and are refused with the other unreadable ones (extraction);
+    # Django's upload handling shortens names past 255 characters, keeping the extension.
     file = forms.FileField(
         label="Attach a file",
         max_length=255,
@@ -15,6 +16,5 @@ class DocumentUploadForm(forms.Form):
         error_messages={
             "required": "Choose a file to attach.",
             "invalid": "Send the file as a multipart form upload.",
-            "max_length": "A file name is at most %(max)d characters (this one has %(length)d).",
         },
     )

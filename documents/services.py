@@ -9,6 +9,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
+from django.template.defaultfilters import filesizeformat
 
 from accounts.services import account_for
 from documents.extraction import UnreadableDocument, kind_of
@@ -48,8 +49,8 @@ def document_check(*, user: User, conversation_id: uuid.UUID, name: str, size: i
     kind = kind_of(name)
     limits = document_limits(user)
     if size > limits.max_bytes:
-        allowed = _megabytes(limits.max_bytes)
-        raise UnreadableDocument(f"{name} is {_megabytes(size)}; your plan allows {allowed} a file.")
+        allowed = filesizeformat(limits.max_bytes)
+        raise UnreadableDocument(f"{name} is {filesizeformat(size)}; your plan allows {allowed} a file.")
     if Document.objects.filter(conversation_id=conversation_id).count() >= limits.max_documents:
         raise UnreadableDocument(
             f"This conversation already has {limits.max_documents} documents, the most your plan allows; "
@@ -130,7 +131,3 @@ def _source(number: int, passage: Passage) -> dict[str, Any]:
         "excerpt": excerpt,
         "url": passage.get_absolute_url(),
     }
-
-
-def _megabytes(size: int) -> str:
-    return f"{size / 1_000_000:.1f} MB"
