@@ -46,7 +46,8 @@ changes from main, rebase the branch onto main or merge main into it.
 
 A merge conflict happens when two branches change the same lines; edit the files, git add them,
 and continue the rebase or commit the merge.""",
-    "marathon-training.txt": """Training for a marathon takes about sixteen to twenty weeks. Build weekly mileage slowly,
+    "marathon-training.txt": """Training for a marathon takes about sixteen to twenty weeks.
+Build weekly mileage slowly,
 by no more than ten percent a week, with one long run each weekend.
 
 Taper for the last three weeks before race day: cut the distance, keep some speed.
@@ -96,7 +97,8 @@ the atmosphere. Oxygen glows green and red, nitrogen blue and purple.
 
 The best places to see the aurora borealis are near the Arctic circle, in Norway, Iceland and
 Finland, on dark, clear winter nights during strong geomagnetic storms.""",
-    "tax-deadlines.txt": """Self-employed people pay income tax in instalments. Keep every receipt for business expenses,
+    "tax-deadlines.txt": """Self-employed people pay income tax in instalments.
+Keep every receipt for business expenses,
 which reduce the taxable profit.
 
 Late filing of the annual return brings a penalty and interest on the unpaid tax, so file before
