@@ -10,14 +10,19 @@ One seam, `PassageSearch`, with a backend per database vendor, chosen by the con
   weighted A and text B), written when a document is added, with a GIN index made by the
   migration, and ranked by cover density (`ts_rank_cd`) through django.contrib.postgres.
 
-A question is searched as any of its words (OR), minus common words: the ranking, not a
-match of every word, decides. The search only ever looks at the document ids it is given,
-which the caller takes from one user's conversation.
+A question is searched by its words minus common ones, in two steps (`passages_search`):
+first the passages holding at least two of them, and only when there are none, those holding
+any one. A passage with two of the words is the better candidate anyway, and the step keeps
+the rows to rank few: ranking, not matching, is what costs (BM25 or ts_rank_cd read every
+matching row), and a word common in the documents matches thousands of passages.
+The search only ever looks at the document ids it is given, which the caller takes from
+one user's conversation.
 """
 
 from __future__ import annotations
 
 import re
+from itertools import combinations
 from typing import Protocol
 
 from django.contrib.postgres.search import SearchQuery, SearchRank, SearchVector
@@ -28,7 +33,7 @@ from documents.models import Passage
 
 FTS_TABLE = "documents_passage_fts"
 SEARCH_CONFIG = "english"
-MAX_TERMS = 32
+MAX_TERMS = 12  # a question's first 12 words: 66 pairs at most
 WORD = re.compile(r"[^\W_]+")
 # Words too common to tell passages apart; leaving them out keeps a question's matches few.
 COMMON_WORDS = frozenset(
@@ -116,25 +121,37 @@ def query_terms(question: str) -> list[str]:
     return list(terms)[:MAX_TERMS]
 
 
+# Terms ANDed within each tuple, the tuples ORed.
+Clauses = list[tuple[str, ...]]
+
+
 class PassageSearch(Protocol):
     def index(self, document_id: int) -> None:
         """Make a new document's passages searchable."""
         ...
 
-    def search(self, document_ids: list[int], terms: list[str], limit: int) -> list[int]:
-        """The ids of the best passages of these documents for these terms, best first."""
+    def ranked(self, document_ids: list[int], clauses: Clauses, limit: int) -> list[int]:
+        """The ids of the best passages of these documents matching any clause, best first."""
         ...
+
+
+def passages_search(document_ids: list[int], terms: list[str], limit: int) -> list[int]:
+    """The ids of the best passages of these documents for a question's terms, best first."""
+    if not document_ids or not terms:
+        return []
+    search = passage_search()
+    if len(terms) > 1 and (found := search.ranked(document_ids, list(combinations(terms, 2)), limit)):
+        return found
+    return search.ranked(document_ids, [(term,) for term in terms], limit)
 
 
 class SqliteFts5Search:
     def index(self, document_id: int) -> None:
         pass  # the FTS5 table's triggers index each passage as it is inserted
 
-    def search(self, document_ids: list[int], terms: list[str], limit: int) -> list[int]:
-        if not document_ids or not terms:
-            return []
+    def ranked(self, document_ids: list[int], clauses: Clauses, limit: int) -> list[int]:
         # Each term quoted: FTS5 then reads it as a word (stemmed), never as query syntax.
-        match = " OR ".join(f'"{term}"' for term in terms)
+        match = " OR ".join("(" + " AND ".join(f'"{term}"' for term in clause) + ")" for clause in clauses)
         placeholders = ", ".join(["%s"] * len(document_ids))
         sql = (
             f"SELECT p.id FROM {FTS_TABLE} JOIN documents_passage p ON p.id = {FTS_TABLE}.rowid "
@@ -153,11 +170,10 @@ class PostgresFullTextSearch:
         )
         Passage.objects.filter(document_id=document_id).update(search=vector)
 
-    def search(self, document_ids: list[int], terms: list[str], limit: int) -> list[int]:
-        if not document_ids or not terms:
-            return []
-        # "raw" is to_tsquery: the terms are bare words (WORD), joined by its OR operator.
-        query = SearchQuery(" | ".join(terms), search_type="raw", config=SEARCH_CONFIG)
+    def ranked(self, document_ids: list[int], clauses: Clauses, limit: int) -> list[int]:
+        # "raw" is to_tsquery: the terms are bare words (WORD), joined by its operators.
+        raw = " | ".join("(" + " & ".join(clause) + ")" for clause in clauses)
+        query = SearchQuery(raw, search_type="raw", config=SEARCH_CONFIG)
         found = (
             Passage.objects.filter(document_id__in=document_ids, search=query)
             .annotate(rank=SearchRank(F("search"), query, cover_density=True))

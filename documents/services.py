@@ -15,7 +15,7 @@ from accounts.services import account_for
 from documents.extraction import UnreadableDocument, kind_of
 from documents.models import Document, Passage
 from documents.passages import passages_of
-from documents.search import passage_search, query_terms
+from documents.search import passage_search, passages_search, query_terms
 
 # Passages a prompt carries: enough to answer from, few enough to leave the model room.
 RETRIEVED_PASSAGES = 4
@@ -106,7 +106,7 @@ def retrieval_for(*, user: User, conversation_id: uuid.UUID, question: str) -> R
     document_ids = list(documents.values_list("id", flat=True))
     if not document_ids:
         return None
-    ids = passage_search().search(document_ids, query_terms(question), RETRIEVED_PASSAGES)
+    ids = passages_search(document_ids, query_terms(question), RETRIEVED_PASSAGES)
     found = Passage.objects.select_related("document").in_bulk(ids)
     passages = [found[pk] for pk in ids if pk in found]
     if not passages:
