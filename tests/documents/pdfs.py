@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import io
+
+from pypdf import PdfReader, PdfWriter
+
 
 def pdf_with_text(*lines: str) -> bytes:
     """A one-page PDF whose page shows `lines` (ASCII), with a correct cross-reference table."""
@@ -26,3 +30,12 @@ def pdf_with_text(*lines: str) -> bytes:
     out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
     out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
     return bytes(out)
+
+
+def encrypted_pdf(*lines: str) -> bytes:
+    """The same page, encrypted with a user password (pypdf's writer)."""
+    writer = PdfWriter(clone_from=PdfReader(io.BytesIO(pdf_with_text(*lines))))
+    writer.encrypt("secret")
+    out = io.BytesIO()
+    writer.write(out)
+    return out.getvalue()

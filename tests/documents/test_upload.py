@@ -10,7 +10,7 @@ from accounts.services import account_for
 from documents.models import Document, Passage
 from documents.services import document_limits
 from generation.models import Conversation
-from tests.documents.pdfs import pdf_with_text
+from tests.documents.pdfs import encrypted_pdf, pdf_with_text
 
 pytestmark = pytest.mark.django_db
 
@@ -81,6 +81,7 @@ def test_without_javascript_an_upload_returns_to_the_conversation(alice_client, 
         ("broken.pdf", pdf_with_text("Cut short")[:150], "broken.pdf is not a PDF that can be read"),
         ("garbled.pdf", b"%PDF-1.7\n" + bytes(range(256)) * 8, "garbled.pdf is not a PDF that can be read"),
         ("scanned.pdf", pdf_with_text(), "scanned.pdf has no text to search (a scanned PDF?)."),
+        ("locked.pdf", encrypted_pdf("Secret words"), "locked.pdf is encrypted; attach a copy without a password."),
     ],
 )
 def test_an_unusable_file_is_refused_with_a_clear_message_and_nothing_saved(
