@@ -12,7 +12,9 @@ from channels.testing import WebsocketCommunicator
 from documents import services as document_services
 from generation import routing, services
 from generation.models import Conversation, Message
-from tests.conftest import wait_for_terminal
+from inference.engine import EngineOverloaded
+from inference.generators import SyntheticGenerator
+from tests.conftest import install_engine, wait_for_terminal
 from tests.documents.corpus import DOCUMENTS
 from tests.generation.test_answer_stream import get_stream, parse_sse, session_headers
 
@@ -128,3 +130,21 @@ async def test_the_websocket_relays_the_same_stages(alice_client, conversation, 
     assert {m["type"] for m in received[2:-1]} == {"token"} and received[-1]["type"] == "done"
     saved = await Message.objects.aget(pk=started["message_id"])
     assert saved.sources == received[1]["sources"]
+
+
+def test_an_answer_the_queue_refuses_leaves_no_answer_and_its_stream_ends(conversation, stream_store):
+    engine = install_engine(stream_store, SyntheticGenerator(tokens_per_s=20), max_concurrent=1, max_queue=0)
+    try:
+        _, running = services.message_send(conversation=conversation, prompt=QUESTION)
+        with pytest.raises(EngineOverloaded):
+            services.message_send(conversation=conversation, prompt="Why are pyroclastic flows dangerous?")
+
+        assert list(Message.objects.filter(role="assistant").values_list("pk", flat=True)) == [running.pk]
+        refused = [sid for sid in stream_store._streams if sid != running.stream_id]
+        assert len(refused) == 1
+        events = stream_store.events(refused[0])
+        assert [e.data.get("state") for e in events[:2]] == ["retrieving", "generating"]
+        assert events[-1].terminal and events[-1].type == "error"
+    finally:
+        stream_store.cancel(running.stream_id)
+        engine.stop(10)
