@@ -8,7 +8,8 @@ One seam, `PassageSearch`, with a backend per database vendor, chosen by the con
   ranked by BM25, headings weighing twice as much as text.
 - PostgreSQL: the `search` tsvector of each passage (English configuration, heading
   weighted A and text B), written when a document is added, with a GIN index made by the
-  migration, and ranked by cover density (`ts_rank_cd`) through django.contrib.postgres.
+  migration, and ranked by cover density (`ts_rank_cd`) through django.contrib.postgres;
+  at most MAX_RANKED matches are ranked per query.
 
 A question is searched by its words minus common ones, in two steps (`passages_search`):
 first the passages holding at least two of them, and only when there are none, those holding
@@ -34,6 +35,7 @@ from documents.models import Passage
 FTS_TABLE = "documents_passage_fts"
 SEARCH_CONFIG = "english"
 MAX_TERMS = 12  # a question's first 12 words: 66 pairs at most
+MAX_RANKED = 300  # PostgreSQL: matching passages ranked per query (PostgresFullTextSearch)
 WORD = re.compile(r"[^\W_]+")
 # Words too common to tell passages apart; leaving them out keeps a question's matches few.
 COMMON_WORDS = frozenset(
@@ -174,8 +176,14 @@ class PostgresFullTextSearch:
         # "raw" is to_tsquery: the terms are bare words (WORD), joined by its operators.
         raw = " | ".join("(" + " & ".join(clause) + ")" for clause in clauses)
         query = SearchQuery(raw, search_type="raw", config=SEARCH_CONFIG)
+        # ts_rank_cd reads each row's tsvector: rank at most MAX_RANKED of the matches. Only
+        # a question whose words are all common in the documents matches more, and then
+        # its words say little about which passage is better anyway.
+        # Unordered, so that the scan stops at the limit (the model's ordering would sort them all).
+        matching = Passage.objects.filter(document_id__in=document_ids, search=query).order_by()
+        candidates = matching.values("id")[:MAX_RANKED]
         found = (
-            Passage.objects.filter(document_id__in=document_ids, search=query)
+            Passage.objects.filter(id__in=candidates)
             .annotate(rank=SearchRank(F("search"), query, cover_density=True))
             .order_by("-rank", "id")
             .values_list("id", flat=True)[:limit]
