@@ -1,0 +1,223 @@
+"""The waiting order: by priority, then in turns across users, then by arrival
+(inference/fair_queue.py), alone and through the engine with the synthetic model."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import pytest
+
+from inference.engine import Engine, GenerationResult, Job
+from inference.fair_queue import FairQueue
+from inference.generators import GenerationParams, SyntheticGenerator
+from inference.streams import InMemoryStreamStore
+from tests.conftest import wait_for_terminal, wait_until
+
+PROMPT = [{"role": "user", "content": "Hi"}]
+
+
+@dataclass(eq=False)
+class Item:
+    name: str
+    owner: str = ""
+    priority: int = 0
+
+
+def names(queue: FairQueue[Item]) -> list[str]:
+    return [item.name for item in queue]
+
+
+def queue_of(*items: Item) -> FairQueue[Item]:
+    queue: FairQueue[Item] = FairQueue()
+    for item in items:
+        queue.append(item)
+    return queue
+
+
+def take_all(queue: FairQueue[Item]) -> list[str]:
+    return [queue.popleft().name for _ in range(len(queue))]
+
+
+def test_one_owner_is_first_come_first_served():
+    queue = queue_of(*(Item(f"n{n}") for n in range(5)))
+    assert names(queue) == ["n0", "n1", "n2", "n3", "n4"]
+    assert take_all(queue) == ["n0", "n1", "n2", "n3", "n4"]
+
+
+def test_a_single_request_waits_at_most_one_turn_behind_a_user_with_twenty():
+    queue = queue_of(*(Item(f"a{n}", "alice") for n in range(20)), Item("b0", "bob"))
+    assert queue.index(queue[1]) == 1 and queue[1].name == "b0"
+    assert take_all(queue)[:3] == ["a0", "b0", "a1"]
+
+
+def test_three_users_take_turns_in_arrival_order_within_a_turn():
+    queue = queue_of(
+        *(Item(f"a{n}", "alice") for n in range(3)),
+        *(Item(f"b{n}", "bob") for n in range(3)),
+        *(Item(f"c{n}", "carol") for n in range(3)),
+    )
+    assert take_all(queue) == ["a0", "b0", "c0", "a1", "b1", "c1", "a2", "b2", "c2"]
+
+
+def test_higher_priority_is_taken_first_then_turns_within_it():
+    queue = queue_of(
+        Item("a0", "alice"),
+        Item("a1", "alice"),
+        Item("p0", "pat", priority=10),
+        Item("p1", "pat", priority=10),
+        Item("q0", "quinn", priority=10),
+        Item("low", "lou", priority=-5),
+    )
+    assert take_all(queue) == ["p0", "q0", "p1", "a0", "a1", "low"]
+
+
+def test_a_user_just_served_waits_behind_those_not_yet_served_this_turn():
+    queue = queue_of(Item("a0", "alice"), Item("a1", "alice"), Item("b0", "bob"))
+    assert queue.popleft().name == "a0"
+    queue.append(Item("a2", "alice"))
+    queue.append(Item("c0", "carol"))  # arrives after alice's, but alice had her turn
+    assert names(queue) == ["b0", "c0", "a1", "a2"]
+
+
+def test_taking_the_first_never_reorders_the_rest():
+    queue = queue_of(
+        *(Item(f"a{n}", "alice") for n in range(4)),
+        Item("b0", "bob"),
+        Item("c0", "carol", priority=1),
+        Item("b1", "bob"),
+    )
+    while queue:
+        told = names(queue)
+        assert queue.popleft().name == told[0]
+        assert names(queue) == told[1:]
+
+
+def test_a_withdrawn_item_leaves_no_gap_and_does_not_count_as_a_turn():
+    a = [Item(f"a{n}", "alice") for n in range(3)]
+    queue = queue_of(*a, Item("b0", "bob"), Item("b1", "bob"))
+    assert names(queue) == ["a0", "b0", "a1", "b1", "a2"]
+    queue.remove(a[0])
+    assert names(queue) == ["a1", "b0", "a2", "b1"]
+    assert "a0" not in names(queue) and len(queue) == 4
+
+
+def test_forgets_owners_served_before_the_current_turn():
+    queue = queue_of(*(Item(f"u{n}", f"user{n}") for n in range(50)))
+    take_all(queue)
+    queue.append(Item("again", "user0"))
+    assert queue.popleft().name == "again"
+    assert len(queue._served) == 1  # only the owner served in the current turn is kept
+
+
+def test_popleft_from_an_empty_queue_is_an_index_error():
+    with pytest.raises(IndexError):
+        FairQueue[Item]().popleft()
+
+
+# -- through the engine, with the synthetic model ------------------------------------------
+
+
+@pytest.fixture(params=["batched", "sequential"])
+def paused_engine(request):
+    """An engine with one row whose model loads only when the test says: every job
+    submitted meanwhile waits, so the order they are taken in is the queue's alone."""
+    store = InMemoryStreamStore()
+    loaded = threading.Event()
+
+    def load():
+        loaded.wait(30)
+        return SyntheticGenerator(tokens_per_s=2000, answer_words=2)
+
+    engine = Engine(load, store, max_concurrent=1, max_queue=64, scheduler=request.param)
+    engine.loaded = loaded
+    yield engine
+    loaded.set()
+    engine.stop(10)
+
+
+def submit(engine: Engine, taken: list[str], name: str, owner: str, priority: int = 0) -> None:
+    def finished(result: GenerationResult) -> None:
+        taken.append(name)  # one row: each finishes before the next is taken
+
+    engine.submit(Job(name, PROMPT, GenerationParams(max_tokens=2), on_finish=finished, priority=priority, owner=owner))
+
+
+def told_places(store: InMemoryStreamStore, names: list[str]) -> dict[str, int]:
+    """The last place each waiting stream was told."""
+    places = {}
+    for name in names:
+        queued = [e.data["ahead"] for e in store.events(name) if e.type == "status" and e.data["state"] == "queued"]
+        if queued:
+            places[name] = queued[-1]
+    return places
+
+
+def test_engine_takes_another_users_request_after_at_most_one_of_twenty_and_told_it(paused_engine):
+    taken: list[str] = []
+    alice = [f"a{n}" for n in range(20)]
+    for name in alice:
+        submit(paused_engine, taken, name, "alice")
+    submit(paused_engine, taken, "b0", "bob")
+
+    # Told before anything runs: bob's one is next after alice's first, and each of alice's
+    # others was told again that it moved one place back.
+    told = told_places(paused_engine.store, [*alice, "b0"])
+    assert told["b0"] == 0
+    assert [e.data for e in paused_engine.store.events("a1")] == [
+        {"state": "queued", "ahead": 0},
+        {"state": "queued", "ahead": 1},
+    ]
+    paused_engine.loaded.set()
+    wait_until(lambda: len(taken) == 21, timeout=30)
+
+    assert taken[:3] == ["a0", "b0", "a1"]
+    # The places told match the order taken: the row runs the first, the rest wait behind it.
+    assert {name: taken.index(name) - 1 for name in told} == told
+    assert wait_for_terminal(paused_engine.store, "b0")[-1].type == "done"
+
+
+def test_engine_takes_a_higher_priority_plans_request_first(paused_engine):
+    taken: list[str] = []
+    for n in range(3):
+        submit(paused_engine, taken, f"a{n}", "alice")
+    submit(paused_engine, taken, "vip", "victor", priority=10)
+    # Nobody was ahead of it: never told to wait. The first of alice's, which had the free
+    # row until then, is told it now waits; the others, that they moved one place back.
+    assert told_places(paused_engine.store, ["vip", "a0", "a1", "a2"]) == {"a0": 0, "a1": 1, "a2": 2}
+    paused_engine.loaded.set()
+    wait_until(lambda: len(taken) == 4, timeout=30)
+    assert taken == ["vip", "a0", "a1", "a2"]
+
+
+def test_engine_takes_three_users_in_turns_and_tells_them_so(paused_engine):
+    taken: list[str] = []
+    names = [f"{user[0]}{n}" for user in ("alice", "bob", "carol") for n in range(3)]
+    for name in names:
+        submit(paused_engine, taken, name, {"a": "alice", "b": "bob", "c": "carol"}[name[0]])
+    told = told_places(paused_engine.store, names)
+    paused_engine.loaded.set()
+    wait_until(lambda: len(taken) == 9, timeout=30)
+    assert taken == ["a0", "b0", "c0", "a1", "b1", "c1", "a2", "b2", "c2"]
+    assert {name: taken.index(name) - 1 for name in told} == told
+
+
+def test_cancelling_a_waiting_request_tells_the_others_their_new_places():
+    store = InMemoryStreamStore()
+    engine = Engine(lambda: SyntheticGenerator(tokens_per_s=50, answer_words=10_000), store, max_concurrent=1)
+    engine.submit(Job("long", PROMPT, GenerationParams(max_tokens=10_000), owner="dave"))
+    wait_until(lambda: engine.active == 1 and engine.queued == 0, timeout=10)
+    for name, owner in (("a1", "alice"), ("a2", "alice"), ("a3", "alice"), ("b1", "bob")):
+        engine.submit(Job(name, PROMPT, GenerationParams(max_tokens=2), owner=owner))
+    assert told_places(store, ["a1", "b1", "a2", "a3"]) == {"a1": 0, "b1": 1, "a2": 2, "a3": 3}
+
+    engine.cancel("a1")
+    # Alice's turn was not used: her next one takes it, ahead of bob's as a1 was.
+    wait_until(lambda: told_places(store, ["a2", "a3"]) == {"a2": 0, "a3": 2}, timeout=10)
+    assert told_places(store, ["b1"]) == {"b1": 1}
+    assert len(store.events("a2")) == 3 and len(store.events("a3")) == 3  # each told once more
+    assert wait_for_terminal(store, "a1")[-1].data["status"] == "stopped"
+    engine.cancel("long")
+    for name in ("b1", "a2", "a3"):
+        assert wait_for_terminal(store, name)[-1].type == "done"
+    engine.stop(10)
