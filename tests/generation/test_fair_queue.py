@@ -3,16 +3,23 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import threading
 from dataclasses import dataclass
 
+import httpx
 import pytest
 
+from accounts.models import Plan, UsageRecord
+from accounts.services import account_for, api_key_create
 from inference.engine import Engine, GenerationResult, Job
 from inference.fair_queue import FairQueue
 from inference.generators import GenerationParams, SyntheticGenerator
 from inference.streams import InMemoryStreamStore
-from tests.conftest import wait_for_terminal, wait_until
+from inference.upstream import UpstreamPool, endpoint_from_json
+from tests.conftest import install_engine, wait_for_terminal, wait_until
+from tests.generation.test_api import CHAT, post
 
 PROMPT = [{"role": "user", "content": "Hi"}]
 
@@ -221,3 +228,90 @@ def test_cancelling_a_waiting_request_tells_the_others_their_new_places():
     for name in ("b1", "a2", "a3"):
         assert wait_for_terminal(store, name)[-1].type == "done"
     engine.stop(10)
+
+
+# -- the upstream pool's line for a model server's slots --------------------------------
+
+
+def test_upstream_pool_takes_waiting_requests_in_the_same_fair_order_and_tells_them_so():
+    store = InMemoryStreamStore()
+    pool = UpstreamPool(store, health_interval_s=60)
+    loop = pool._started_loop()
+    asked: list[str] = []  # the requests the model server received, in order
+    release = asyncio.Event()
+
+    async def model_server(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/models"):
+            return httpx.Response(200, json={"object": "list", "data": [{"id": "m", "object": "model"}]})
+        name = json.loads(request.content)["messages"][0]["content"]
+        asked.append(name)
+        if name == "holder":
+            await release.wait()
+        chunk = {"choices": [{"index": 0, "delta": {"content": name}, "finish_reason": "stop"}]}
+        body = f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n"
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body.encode())
+
+    pool._client = httpx.AsyncClient(transport=httpx.MockTransport(model_server))  # a test double
+    endpoint = {"model": "remote", "base_url": "http://gpu-1/v1", "upstream_model": "m", "max_concurrent": 1}
+    pool.configure([endpoint_from_json(endpoint, "e")])
+
+    def submit(name: str, owner: str, priority: int = 0) -> None:
+        messages = [{"role": "user", "content": name}]
+        job = Job(name, messages, priority=priority, owner=owner)
+        pool.submit(job, model="remote", prompt_tokens=1, body={"messages": messages})
+
+    submit("holder", "dave")
+    wait_until(lambda: asked == ["holder"], timeout=10)
+    names = ["a0", "a1", "a2", "b0", "c0", "vip"]
+    for name in names:
+        submit(name, {"a": "alice", "b": "bob", "c": "carol", "v": "victor"}[name[0]], 10 if name == "vip" else 0)
+        wait_until(lambda name=name: store.events(name), timeout=10)  # in line before the next comes
+    expected = ["vip", "a0", "b0", "c0", "a1", "a2"]
+    wait_until(lambda: told_places(store, names) == {name: expected.index(name) for name in names}, timeout=10)
+
+    loop.call_soon_threadsafe(release.set)
+    for name in names:
+        assert wait_for_terminal(store, name, timeout=10)[-1].type == "done"
+    assert asked == ["holder", *expected]
+    pool.shut_down(1)
+
+
+# -- through the API, with the plan set on the user's account ------------------------------
+
+
+@pytest.fixture
+def one_row(stream_store):
+    """An engine that runs one generation at a time: the others wait in its queue."""
+    engine = install_engine(stream_store, SyntheticGenerator(tokens_per_s=200), max_concurrent=1)
+    yield engine
+    engine.stop(10)
+
+
+def start_stream(user, max_tokens: int) -> str:
+    """A resumable API stream of `user`'s, started and not read: it generates on. Its stream id."""
+    key = api_key_create(user=user, name="test")[1]
+    body = {**CHAT, "stream": True, "max_tokens": max_tokens, "stream_options": {"resumable": True}}
+    response = post("/v1/chat/completions", body, key)
+    assert response.status_code == 200, response.content
+    return UsageRecord.objects.filter(user=user).order_by("created_at").last().stream_id
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_api_request_on_a_higher_priority_plan_goes_ahead_of_waiting_ones(alice, bob, django_user_model, one_row):
+    account = account_for(alice)
+    account.plan = Plan.objects.create(name="priority", priority=10)
+    account.save()
+    holder = start_stream(django_user_model.objects.create_user("dave"), max_tokens=1000)  # holds the row
+    bobs = [start_stream(bob, max_tokens=400) for _ in range(2)]
+    assert told_places(one_row.store, bobs) == {bobs[0]: 0, bobs[1]: 1}
+
+    alices = start_stream(alice, max_tokens=4)
+
+    assert told_places(one_row.store, [alices, *bobs]) == {alices: 0, bobs[0]: 1, bobs[1]: 2}
+    one_row.store.cancel(holder)
+    assert wait_for_terminal(one_row.store, alices)[-1].type == "done"
+    # Alice's answer is whole while bob's first (two seconds of tokens) is still being written.
+    assert not one_row.store.events(bobs[0])[-1].terminal
+    assert one_row.store.events(bobs[1])[-1].data == {"state": "queued", "ahead": 0}
+    for stream_id in bobs:
+        one_row.store.cancel(stream_id)
