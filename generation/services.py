@@ -358,6 +358,8 @@ def conversation_title_start(*, answer_id: int) -> bool:
         {"role": "user", "content": TITLE_REQUEST},
     ]
     save = partial(conversation_save_title, conversation.pk, conversation.title)
+    # No owner of its own: all titles wait as one owner, so together they take one turn
+    # among the users' answers (inference/fair_queue.py).
     job = Job(f"title-{uuid.uuid4().hex}", prompt, TITLE_PARAMS, on_finish=engine_thread_task(save))
     try:
         runtime.local_engine(conversation.model).submit(job)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import threading
 from dataclasses import dataclass
 
@@ -115,6 +116,34 @@ def test_forgets_owners_served_before_the_current_turn():
     queue.append(Item("again", "user0"))
     assert queue.popleft().name == "again"
     assert len(queue._served) == 1  # only the owner served in the current turn is kept
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_arrivals_withdrawals_and_takes_keep_the_order_rules(seed):
+    chance = random.Random(seed)
+    queue: FairQueue[Item] = FairQueue()
+    taken: list[Item] = []
+    arrived: list[Item] = []
+    for step in range(300):
+        roll = chance.random()
+        if roll < 0.5 or not queue:
+            item = Item(f"i{step}", f"user{chance.randrange(4)}", chance.choice([0, 0, 5]))
+            arrived.append(item)
+            queue.append(item)
+        elif roll < 0.6:
+            queue.remove(chance.choice(list(queue)))
+        else:
+            told = list(queue)
+            first = queue.popleft()
+            assert first is told[0] and list(queue) == told[1:]  # the rest keep their places
+            assert all(first.priority >= other.priority for other in told)
+            taken.append(first)
+        assert [queue.index(item) for item in queue] == list(range(len(queue)))
+    for owner in {item.owner for item in arrived}:
+        theirs = [item for item in taken if item.owner == owner]
+        for priority in (0, 5):  # an owner's items of one priority leave in arrival order
+            names = [item.name for item in theirs if item.priority == priority]
+            assert names == sorted(names, key=lambda name: int(name[1:]))
 
 
 def test_popleft_from_an_empty_queue_is_an_index_error():
