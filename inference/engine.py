@@ -11,6 +11,7 @@ reader that sees `done` finds the saved message. No Django imports here.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -255,8 +256,9 @@ class Engine:
 
     Beyond that, up to `max_queue` jobs wait, taken by priority, then in turns across
     owners, then in arrival order (FairQueue); each is told how many are ahead of it, and
-    told again when that changes. While it runs the engine beats as `producer` in the stream store every few seconds,
-    so other processes can tell its unfinished streams from those of a dead process.
+    told again when that changes. While it runs the engine beats as `producer` in the
+    stream store every few seconds, so other processes can tell its unfinished streams
+    from those of a dead process.
     """
 
     # Beats live three periods: a dead engine's (or worker's) runs are found within 6 s,
@@ -346,7 +348,8 @@ class Engine:
                 raise EngineOverloaded(f"{waiting} generations are already waiting")
             self.store.create(job.stream_id)
             self._jobs.append(job)
-            ahead = self.active + self._jobs.index(job) - self.max_concurrent
+            index = self._jobs.index(job)
+            ahead = self.active + index - self.max_concurrent
             # Told unless its readers already know this place (a job queued by a web process
             # of GENERATION_BACKEND=celery comes with the place it was told there).
             if ahead >= 0 and ahead != job.ahead:
@@ -356,7 +359,7 @@ class Engine:
                     self._jobs.remove(job)  # refused: it must not run, nor hold a place
                     raise
                 job.ahead = ahead
-            news = self._places_changed(self.active)
+            news = self._pushed_back(index)
             if self.scheduler == "batched":
                 self._job_ready.notify()
             elif self._free > 0:
@@ -416,8 +419,8 @@ class Engine:
                 return
 
     def _take(self, count: int, *, wait: bool, decoding: int | None = None) -> list[Job] | None:
-        """Up to `count` of the jobs first in order, counted as active from now on. With `wait`,
-        blocks until there is one; None once the engine stops and no job is left.
+        """Up to `count` of the jobs first in order, counted as active from now on. With
+        `wait`, blocks until there is one; None once the engine stops and no job is left.
 
         `decoding`: the rows the batch runs now. The waiting jobs' places count from it,
         not from `active`, which still counts the rows that left the batch until their
@@ -469,12 +472,29 @@ class Engine:
         called with the lock held."""
         news: list[tuple[str, dict[str, Any]]] = []
         for index, job in enumerate(self._jobs):
-            place = occupied + index - self.max_concurrent
-            if job.ahead is None and place < 0:
-                continue  # a row is free for it: it never had to wait
-            # Told too when it first has to wait: one that arrived with a row free can be
-            # put behind a later arrival (of a higher priority, or another user's first).
-            ahead = max(place, 0)
+            ahead = max(occupied + index - self.max_concurrent, 0)
+            if job.ahead is not None and ahead != job.ahead:
+                job.ahead = ahead
+                news.append((job.stream_id, {"state": "queued", "ahead": ahead}))
+        return news
+
+    def _pushed_back(self, index: int) -> list[tuple[str, dict[str, Any]]]:
+        """Status news for the waiting jobs behind a job that joined the queue at `index`:
+        each is one place further back (the queue reorders nothing else); called with the
+        lock held.
+
+        Counted from the place told where there is one: counted from `active`, the place
+        can only be too high (active still counts the rows whose saves are under way, see
+        _take), so it bounds the place told, which a Celery web process may have set."""
+        news: list[tuple[str, dict[str, Any]]] = []
+        for position, job in enumerate(itertools.islice(self._jobs, index + 1, None), start=index + 1):
+            at_most = self.active + position - self.max_concurrent
+            if job.ahead is None:
+                if at_most < 0:
+                    continue  # a row is still free for it
+                ahead = at_most  # it had a free row until now: it waits from here on
+            else:
+                ahead = min(job.ahead + 1, max(at_most, 0))
             if ahead != job.ahead:
                 job.ahead = ahead
                 news.append((job.stream_id, {"state": "queued", "ahead": ahead}))
