@@ -298,8 +298,13 @@ def test_upstream_pool_takes_waiting_requests_in_the_same_fair_order_and_tells_t
     expected = ["vip", "a0", "b0", "c0", "a1", "a2"]
     wait_until(lambda: told_places(store, names) == {name: expected.index(name) for name in names}, timeout=10)
 
+    store.cancel("b0")  # leaves the line: those behind it are told they moved up
+    assert wait_for_terminal(store, "b0", timeout=10)[-1].data["status"] == "stopped"
+    expected.remove("b0")
+    wait_until(lambda: told_places(store, expected) == {name: expected.index(name) for name in expected}, timeout=10)
+
     loop.call_soon_threadsafe(release.set)
-    for name in names:
+    for name in expected:
         assert wait_for_terminal(store, name, timeout=10)[-1].type == "done"
     assert asked == ["holder", *expected]
     pool.shut_down(1)
