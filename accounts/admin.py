@@ -26,8 +26,8 @@ LIMIT_FIELDS = ["requests_per_minute", "tokens_per_day", "max_concurrent_streams
 
 @admin.register(Plan)
 class PlanAdmin(admin.ModelAdmin):
-    list_display = ["name", *LIMIT_FIELDS]
-    list_editable = LIMIT_FIELDS
+    list_display = ["name", *LIMIT_FIELDS, "priority"]
+    list_editable = [*LIMIT_FIELDS, "priority"]
     search_fields = ["name"]
 
 
