@@ -27,8 +27,8 @@ DOCUMENT_LIMIT_FIELDS = ["max_documents_per_conversation", "max_document_bytes"]
 
 @admin.register(Plan)
 class PlanAdmin(admin.ModelAdmin):
-    list_display = ["name", *LIMIT_FIELDS, *DOCUMENT_LIMIT_FIELDS]
-    list_editable = [*LIMIT_FIELDS, *DOCUMENT_LIMIT_FIELDS]
+    list_display = ["name", *LIMIT_FIELDS, "priority", *DOCUMENT_LIMIT_FIELDS]
+    list_editable = [*LIMIT_FIELDS, "priority", *DOCUMENT_LIMIT_FIELDS]
     search_fields = ["name"]
 
 
