@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from html import escape
-
 from collections.abc import Sequence
+from html import escape
 from typing import Any
 
 import nh3

@@ -3,7 +3,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -388,7 +388,7 @@ def _page(
     return render(request, "generation/chat.html", context | (extra or {}), status=status)
 
 
-def _conversation_page(user: User, page: int) -> tuple[list[dict[str, Any]], bool]:
+def _conversation_page(user: User, page: int) -> tuple[Sequence[Mapping[str, Any]], bool]:
     """One page of the user's conversations, newest first, and whether more follow.
 
     One query, rows as plain values: a conversation deleted meanwhile (say by a refused

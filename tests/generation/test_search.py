@@ -203,7 +203,8 @@ def test_malformed_out_of_range_or_missing_pages_are_refused(alice_client, alice
 
 def test_another_users_pages_hold_only_their_own_conversations(bob_client, alice, bob):
     Conversation.objects.bulk_create(
-        Conversation(user=alice, title=f"Alice {number}", model="synthetic") for number in range(CONVERSATIONS_PER_PAGE + 2)
+        Conversation(user=alice, title=f"Alice {number}", model="synthetic")
+        for number in range(CONVERSATIONS_PER_PAGE + 2)
     )
 
     assert bob_client.get(PAGES, {"page": 2}, **HTMX).status_code == 404
@@ -218,5 +219,7 @@ def test_the_search_index_is_kept_by_triggers_that_still_exist():
         cursor.execute("SELECT name FROM sqlite_master WHERE type = 'trigger' AND name LIKE 'generation_%_search_%'")
         triggers = {name for (name,) in cursor.fetchall()}
     assert triggers == {
-        f"generation_{table}_search_{event}" for table in ("message", "conversation") for event in ("insert", "delete", "update")
+        f"generation_{table}_search_{event}"
+        for table in ("message", "conversation")
+        for event in ("insert", "delete", "update")
     }
