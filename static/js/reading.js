@@ -85,7 +85,7 @@
     });
   }
 
-  // The phone layout's drawer (app.css shows .drawer-toggle on narrow screens only).
+  // The phone layout's drawer (app.css shows .drawer-bar on narrow screens only).
   function drawerToggle() {
     return document.querySelector(".drawer-toggle");
   }
