@@ -73,7 +73,9 @@ def test_the_view_follows_the_answer_until_the_reader_scrolls_up_and_jump_to_lat
     answer = send(page, "Tell me a long story")
     jump = page.get_by_role("button", name="Jump to latest")
 
-    page.wait_for_function("() => { const s = document.scrollingElement; return s.scrollHeight > s.clientHeight + 300; }")
+    page.wait_for_function(
+        "() => { const s = document.scrollingElement; return s.scrollHeight > s.clientHeight + 300; }"
+    )
     page.wait_for_timeout(500)
     assert page.evaluate(AT_BOTTOM), "the view keeps the growing answer in sight"
     expect(jump).to_be_hidden()
