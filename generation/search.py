@@ -3,7 +3,8 @@
 The indexes come from migration 0004_search_index: FTS5 tables on SQLite, GIN indexes on
 `to_tsvector('simple', …)` on PostgreSQL. Both match every word typed as a word prefix
 ("lisb" finds "Lisbon"), ignoring case; neither stems, so what is highlighted is what was
-typed. The query is reduced to plain words here, so no search syntax reaches the database.
+typed. SQLite also ignores accents ("belem" finds "Belém"); PostgreSQL's `simple`
+configuration does not (that would take the unaccent extension, a superuser's install). The query is reduced to plain words here, so no search syntax reaches the database.
 """
 
 from __future__ import annotations

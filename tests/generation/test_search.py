@@ -35,7 +35,9 @@ def test_search_finds_message_text_and_titles_by_word_prefix_ignoring_case(alice
 
     assert found(alice, "lisb") == ["Trip to Lisbon"]
     assert found(alice, "INCOME") == ["Taxes"]
-    assert found(alice, "nata belem") == ["Trip to Lisbon"]  # accents folded by the index
+    assert found(alice, "nata belém") == ["Trip to Lisbon"]
+    if connection.vendor == "sqlite":  # FTS5's unicode61 folds accents; PostgreSQL's `simple` config doesn't
+        assert found(alice, "nata belem") == ["Trip to Lisbon"]
     assert found(alice, "nata income") == []  # every word must match in one text
 
 
