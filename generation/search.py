@@ -4,7 +4,8 @@ The indexes come from migration 0004_search_index: FTS5 tables on SQLite, GIN in
 `to_tsvector('simple', …)` on PostgreSQL. Both match every word typed as a word prefix
 ("lisb" finds "Lisbon"), ignoring case; neither stems, so what is highlighted is what was
 typed. SQLite also ignores accents ("belem" finds "Belém"); PostgreSQL's `simple`
-configuration does not (that would take the unaccent extension, a superuser's install). The query is reduced to plain words here, so no search syntax reaches the database.
+configuration does not (that would take the unaccent extension, a superuser's install).
+The query is reduced to plain words here, so no search syntax reaches the database.
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ SEARCH_CONFIG = "simple"
 _WORD = re.compile(r"[^\W_]+")
 
 ModelT = TypeVar("ModelT", bound=Model)
+
+# Each searched model's FTS5 table on SQLite, and its column that holds the row's key.
+SQLITE_INDEXES: dict[type[Model], tuple[str, str]] = {
+    Message: ("generation_message_search", "rowid"),
+    Conversation: ("generation_conversation_search", "conversation_id"),
+}
 
 
 class SearchUnavailable(Exception):
@@ -89,15 +96,10 @@ def _matching(queryset: QuerySet[ModelT], field: str, terms: list[str]) -> Query
         query = SearchQuery(" & ".join(f"{term}:*" for term in terms), search_type="raw", config=SEARCH_CONFIG)
         return queryset.alias(document=SearchVector(field, config=SEARCH_CONFIG)).filter(document=query)
     if vendor == "sqlite":
-        table = queryset.model._meta.db_table
+        index, key = SQLITE_INDEXES[queryset.model]
         # Each term a quoted FTS5 string with a prefix star: no FTS5 syntax from the user.
         match = " ".join(f'"{term}"*' for term in terms)
-        rowids = RawSQL(
-            f"SELECT t.{queryset.model._meta.pk.column} FROM {table} t JOIN {table}_search s ON s.rowid = t.rowid "
-            f"WHERE {table}_search MATCH %s",
-            [match],
-        )
-        return queryset.filter(pk__in=rowids)
+        return queryset.filter(pk__in=RawSQL(f"SELECT {key} FROM {index} WHERE {index} MATCH %s", [match]))
     raise SearchUnavailable(f"Search needs SQLite or PostgreSQL, not {vendor}.")
 
 

@@ -1,8 +1,8 @@
 """Full-text indexes for conversation search (generation/search.py).
 
-SQLite: FTS5 tables over the titles and the message texts ("external content": they keep
-only the index, the text stays in its table), kept in step by triggers, so that every way
-a row is written (the views, the engine's periodic saves, the admin) is indexed alike.
+SQLite: FTS5 tables over the titles and the message texts, kept in step by triggers, so
+that every way a row is written (the views, the engine's periodic saves, the admin) is
+indexed alike.
 PostgreSQL: GIN indexes on the very `to_tsvector` expressions that search.py queries.
 Other databases get no index; search.py then refuses to search.
 
@@ -21,23 +21,39 @@ from django.db import migrations
 # `unicode61 remove_diacritics 2`: case- and accent-insensitive words in any script.
 _TOKENIZE = "tokenize='unicode61 remove_diacritics 2'"
 
-
-def _fts_statements(table: str, column: str, rowid: str) -> list[str]:
-    """An external-content FTS5 index over one column of `table`, its triggers and its backfill."""
-    index = f"{table}_search"
-    forget_old = f"INSERT INTO {index}({index}, rowid, {column}) VALUES ('delete', old.{rowid}, old.{column});"
-    add_new = f"INSERT INTO {index}(rowid, {column}) VALUES (new.{rowid}, new.{column});"
-    return [
-        f"CREATE VIRTUAL TABLE {index} USING fts5({column}, content='{table}', content_rowid='{rowid}', {_TOKENIZE})",
-        f"CREATE TRIGGER {index}_insert AFTER INSERT ON {table} BEGIN {add_new} END",
-        f"CREATE TRIGGER {index}_delete AFTER DELETE ON {table} BEGIN {forget_old} END",
-        f"CREATE TRIGGER {index}_update AFTER UPDATE OF {column} ON {table} BEGIN {forget_old} {add_new} END",
-        f"INSERT INTO {index}({index}) VALUES ('rebuild')",
-    ]
-
-
-SQLITE_INDEXES = [("generation_message", "content", "id"), ("generation_conversation", "title", "rowid")]
-SQLITE_SQL = [statement for index in SQLITE_INDEXES for statement in _fts_statements(*index)]
+# Messages: an "external content" index (it keeps no copy of the text) keyed by the
+# message's integer primary key. Triggers fire only when the text really changes (the
+# engine saves a streaming answer every 2 s; Django's save() writes every column).
+_MESSAGES = [
+    "CREATE VIRTUAL TABLE generation_message_search USING fts5("
+    f"content, content='generation_message', content_rowid='id', {_TOKENIZE})",
+    "CREATE TRIGGER generation_message_search_insert AFTER INSERT ON generation_message BEGIN "
+    "INSERT INTO generation_message_search(rowid, content) VALUES (new.id, new.content); END",
+    "CREATE TRIGGER generation_message_search_delete AFTER DELETE ON generation_message BEGIN "
+    "INSERT INTO generation_message_search(generation_message_search, rowid, content) "
+    "VALUES ('delete', old.id, old.content); END",
+    "CREATE TRIGGER generation_message_search_update AFTER UPDATE OF content ON generation_message "
+    "WHEN old.content IS NOT new.content BEGIN "
+    "INSERT INTO generation_message_search(generation_message_search, rowid, content) "
+    "VALUES ('delete', old.id, old.content); "
+    "INSERT INTO generation_message_search(rowid, content) VALUES (new.id, new.content); END",
+    "INSERT INTO generation_message_search(generation_message_search) VALUES ('rebuild')",
+]
+# Conversations have a UUID key and no integer one (their SQLite rowid may change on VACUUM),
+# so the titles index keeps its own copy of each (short) title with the conversation's id.
+_CONVERSATIONS = [
+    f"CREATE VIRTUAL TABLE generation_conversation_search USING fts5(title, conversation_id UNINDEXED, {_TOKENIZE})",
+    "CREATE TRIGGER generation_conversation_search_insert AFTER INSERT ON generation_conversation BEGIN "
+    "INSERT INTO generation_conversation_search(title, conversation_id) VALUES (new.title, new.id); END",
+    "CREATE TRIGGER generation_conversation_search_delete AFTER DELETE ON generation_conversation BEGIN "
+    "DELETE FROM generation_conversation_search WHERE conversation_id = old.id; END",
+    "CREATE TRIGGER generation_conversation_search_update AFTER UPDATE OF title ON generation_conversation "
+    "WHEN old.title IS NOT new.title BEGIN "
+    "UPDATE generation_conversation_search SET title = new.title WHERE conversation_id = old.id; END",
+    "INSERT INTO generation_conversation_search(title, conversation_id) SELECT title, id FROM generation_conversation",
+]
+SQLITE_SQL = _MESSAGES + _CONVERSATIONS
+SQLITE_TABLES = ["generation_message", "generation_conversation"]
 
 # The search config the queries use (search.SEARCH_CONFIG): no stemming, so that what is
 # highlighted is what was typed, in any language.
@@ -64,7 +80,7 @@ def create_search_index(apps, schema_editor):
 def drop_search_index(apps, schema_editor):
     vendor = schema_editor.connection.vendor
     if vendor == "sqlite":
-        for table, _column, _rowid in SQLITE_INDEXES:
+        for table in SQLITE_TABLES:
             for event in ("insert", "delete", "update"):
                 schema_editor.execute(f"DROP TRIGGER IF EXISTS {table}_search_{event}")
             schema_editor.execute(f"DROP TABLE IF EXISTS {table}_search")
