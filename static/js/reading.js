@@ -42,9 +42,9 @@
 
   document.addEventListener("DOMContentLoaded", function () {
     var messages = document.getElementById("messages");
-    if (messages) {
-      new MutationObserver(contentGrew).observe(messages, { childList: true, subtree: true, characterData: true });
-    }
+    if (!messages) return;
+    jumpToLatest(); // a conversation opens at its latest message, as in other chat apps
+    new MutationObserver(contentGrew).observe(messages, { childList: true, subtree: true, characterData: true });
   });
 
   // Whoever sends a prompt wants to see it and its answer.
