@@ -166,10 +166,16 @@ def test_an_empty_search_clears_the_results(alice_client):
     assert b"data-searching" not in response.content and b"<mark>" not in response.content
 
 
-def test_search_needs_a_login(client):
-    response = client.get(SEARCH, {"q": "anything"})
+@pytest.mark.parametrize(("url", "query"), [(SEARCH, {"q": "anything"}), (PAGES, {"page": 2})])
+def test_search_and_pages_need_a_login(client, url, query):
+    response = client.get(url, query)
 
     assert response.status_code == 302 and "/accounts/login/" in response["Location"]
+
+
+@pytest.mark.parametrize("url", [SEARCH, PAGES])
+def test_search_and_pages_only_answer_get(alice_client, url):
+    assert alice_client.post(url, {"q": "x", "page": 2}).status_code == 405
 
 
 def test_the_sidebar_shows_the_newest_page_then_show_more_loads_the_next(alice_client, alice):
