@@ -11,6 +11,7 @@ The query is reduced to plain words here, so no search syntax reaches the databa
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass
 from html import escape
 from typing import TypeVar
@@ -104,20 +105,29 @@ def _matching(queryset: QuerySet[ModelT], field: str, terms: list[str]) -> Query
 
 
 def highlight(text: str, terms: list[str], *, width: int = EXCERPT_CHARS) -> SafeString:
-    """A passage of `text` around the first match, escaped, with each term's match in `<mark>`."""
+    """A passage of `text` around the first match, escaped, with each term's match in `<mark>`
+    (ignoring case and accents, as the SQLite index does)."""
     text = " ".join(text.split())
-    pattern = re.compile(r"\b(?:" + "|".join(re.escape(term) for term in terms) + ")", re.IGNORECASE)
-    first = pattern.search(text)
+    folded = _without_accents(text)  # matched here, cut from `text`: the positions are the same
+    alternatives = "|".join(re.escape(_without_accents(term)) for term in terms)
+    pattern = re.compile(rf"\b(?:{alternatives})", re.IGNORECASE)
+    first = pattern.search(folded)
     start = 0
     if first and first.start() > width // 4:  # begin at a word a little before the match
         space = text.find(" ", first.start() - width // 4, first.start())
         start = space + 1 if space >= 0 else first.start()
-    passage = text[start : start + width]
+    end = start + width
     pieces: list[str] = ["…" if start else ""]
-    shown = 0
-    for match in pattern.finditer(passage):
-        pieces += [escape(passage[shown : match.start()]), f"<mark>{escape(match.group())}</mark>"]
-        shown = match.end()
-    pieces += [escape(passage[shown:]), "…" if start + width < len(text) else ""]
+    shown = start
+    for match in pattern.finditer(folded, start, end):
+        match_end = min(match.end(), end)
+        pieces += [escape(text[shown : match.start()]), f"<mark>{escape(text[match.start() : match_end])}</mark>"]
+        shown = match_end
+    pieces += [escape(text[shown:end]), "…" if end < len(text) else ""]
     # mark_safe is sound: every piece of the text went through escape(); only <mark> is added.
     return mark_safe("".join(pieces))
+
+
+def _without_accents(text: str) -> str:
+    """`text` with each letter's accents dropped, one character for one ("é" → "e")."""
+    return "".join(unicodedata.normalize("NFD", char)[0] for char in text)

@@ -99,6 +99,11 @@ def test_highlight_escapes_the_text_and_marks_only_the_matches():
     )
 
 
+def test_highlight_ignores_accents_and_keeps_the_text_as_written():
+    assert highlight("Pastéis de Belém", ["belem", "pasteis"]) == "<mark>Pastéis</mark> de <mark>Belém</mark>"
+    assert highlight("Belem", ["belém"]) == "<mark>Belem</mark>"
+
+
 def test_highlight_shows_the_passage_around_a_late_match():
     text = "word " * 100 + "needle in the haystack " + "word " * 100
 
