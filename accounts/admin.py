@@ -20,6 +20,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 
 from accounts.models import Account, ApiKey, Plan, UsageDay, UsageRecord
+from accounts.usage_chart import usage_chart
 
 LIMIT_FIELDS = ["requests_per_minute", "tokens_per_day", "max_concurrent_streams", "max_tokens_per_request"]
 DOCUMENT_LIMIT_FIELDS = ["max_documents_per_conversation", "max_document_bytes"]
@@ -175,6 +176,10 @@ class UsageRecordAdmin(admin.ModelAdmin):
                 ]
             )
         return response
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        """The ledger, under a chart of the last 30 days' tokens per day per plan."""
+        return super().changelist_view(request, {"usage_chart": usage_chart(), **(extra_context or {})})
 
     def get_urls(self) -> list[URLPattern]:
         daily = path(
