@@ -40,7 +40,7 @@ test: $(VENV)/.installed-dev
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy accounts api chatsite generation inference
+	$(VENV)/bin/mypy accounts api chatsite documents generation inference
 	$(VENV)/bin/lint-imports
 
 # Known vulnerabilities in every locked package (PyPI's advisory database). Tried three

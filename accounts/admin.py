@@ -23,12 +23,13 @@ from accounts.models import Account, ApiKey, Plan, UsageDay, UsageRecord
 from accounts.usage_chart import usage_chart
 
 LIMIT_FIELDS = ["requests_per_minute", "tokens_per_day", "max_concurrent_streams", "max_tokens_per_request"]
+DOCUMENT_LIMIT_FIELDS = ["max_documents_per_conversation", "max_document_bytes"]
 
 
 @admin.register(Plan)
 class PlanAdmin(admin.ModelAdmin):
-    list_display = ["name", *LIMIT_FIELDS, "priority"]
-    list_editable = [*LIMIT_FIELDS, "priority"]
+    list_display = ["name", *LIMIT_FIELDS, "priority", *DOCUMENT_LIMIT_FIELDS]
+    list_editable = [*LIMIT_FIELDS, "priority", *DOCUMENT_LIMIT_FIELDS]
     search_fields = ["name"]
 
 

@@ -195,6 +195,7 @@ INSTALLED_APPS = [
     "axes",
     "csp",
     "accounts",
+    "documents",
     "generation",
     "api",
 ]
