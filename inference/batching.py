@@ -167,6 +167,8 @@ class TransformersBatch:
     def cancel_all(self) -> list[Sequence]:
         sequences = [row.sequence for row in [*self._rows, *self._joining]]
         self._rows, self._joining, self._cache, self._mask = [], [], None, None
+        if self.device.type == "cuda":  # after a failed step (e.g. out of memory): hand back what it held
+            self._torch.cuda.empty_cache()
         return sequences
 
     def _decode(self) -> torch.Tensor:
