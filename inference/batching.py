@@ -433,6 +433,9 @@ class StaticBatch(TransformersBatch):
     greedy rows give what `generate()` gives alone.
     """
 
+    # Each (rows, width) shape's captured step and its logits tensor; None: capture failed.
+    _graphs: dict[tuple[int, int], tuple[Any, torch.Tensor] | None]
+
     def __init__(self, generator: TransformersGenerator, *, max_rows: int, row_tokens: int, cuda_graphs: bool) -> None:
         super().__init__(generator)
         torch = self._torch
@@ -452,7 +455,7 @@ class StaticBatch(TransformersBatch):
         self._slot_index = torch.arange(self.capacity, device=device)
         self._columns = torch.arange(self.row_tokens, device=device)
         self._additive_mask = config._attn_implementation == "eager"  # sdpa takes booleans
-        self._graphs: dict[tuple[int, int], tuple[Any, torch.Tensor] | None] = {}
+        self._graphs = {}
         self._graph_pool: Any = None
         self._filled = 0  # slots taken, rows joined in this step included
         megabytes = 2 * len(self._keys) * self._keys[0].numel() * self._keys[0].element_size() / 2**20

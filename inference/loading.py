@@ -173,11 +173,11 @@ def quantization_config(setting: str, device: torch.device, dtype: torch.dtype) 
     from transformers import BitsAndBytesConfig
 
     if setting == "bnb-4bit":
-        return BitsAndBytesConfig(
+        return BitsAndBytesConfig(  # type: ignore[no-untyped-call]
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=dtype
         )
     if setting == "bnb-8bit":
-        return BitsAndBytesConfig(load_in_8bit=True)
+        return BitsAndBytesConfig(load_in_8bit=True)  # type: ignore[no-untyped-call]
     raise ValueError(f"CHAT_QUANTIZATION must be none, bnb-4bit or bnb-8bit, not {setting!r}")
 
 
