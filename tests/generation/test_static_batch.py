@@ -10,6 +10,7 @@ import logging
 import pytest
 import torch
 
+from inference import engine as engine_module
 from inference.batching import Sequence, StaticBatch, TransformersBatch, open_batch, row_bucket
 from inference.engine import Job, failure_message
 from inference.generators import ContextLengthExceeded, GenerationParams
@@ -183,12 +184,14 @@ def test_a_step_failing_for_every_row_ends_them_with_their_text_and_the_engine_g
 
 def test_a_row_failing_alone_on_the_static_path_leaves_and_the_others_go_on(smollm, alone, monkeypatch):
     short, long = chat("Hi"), chat(PROMPTS[2])
+    expected = alone(PROMPTS[2], 16)  # before the model is made faulty
     short_length = smollm.count_prompt_tokens(short)
     assert smollm.count_prompt_tokens(long) > short_length + 3
     forward = smollm.model.forward
 
     def faulty_forward(*args, **kwargs):  # any step holding the short row at its 4th token fails
-        if kwargs["input_ids"].shape[1] == 1 and bool((kwargs["position_ids"] == short_length + 3).any()):
+        positions = kwargs.get("position_ids")  # none in the template prefix's own pass
+        if kwargs["input_ids"].shape[1] == 1 and positions is not None and bool((positions == short_length + 3).any()):
             raise RuntimeError("forward failed for a poisoned row")
         return forward(*args, **kwargs)
 
@@ -206,4 +209,19 @@ def test_a_row_failing_alone_on_the_static_path_leaves_and_the_others_go_on(smol
         outcomes.update(batch.step())
 
     assert isinstance(outcomes[sequences["short"]], RuntimeError) and texts["short"]
-    assert "".join(texts["long"]) == alone(PROMPTS[2], 16)
+    assert "".join(texts["long"]) == expected
+
+
+def test_a_batch_that_cannot_be_set_up_fails_each_job_and_the_engine_says_why(stream_store, smollm, monkeypatch):
+    def no_memory_for_slots(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 22.50 GiB")
+
+    monkeypatch.setattr(engine_module, "open_batch", no_memory_for_slots)
+    engine = install_engine(stream_store, smollm, scheduler="batched", max_concurrent=2, cuda_graphs="1")
+    try:
+        engine.submit(Job("a", chat("Hi"), greedy(4)))
+        events = wait_for_terminal(stream_store, "a", timeout=60)
+        assert events[-1].type == "error" and events[-1].data["message"] == failure_message("a")
+        assert "OutOfMemoryError" in (engine.load_error or "")
+    finally:
+        engine.stop(timeout=10)
