@@ -14,7 +14,8 @@
 # CHAT_MODEL, PYTHON. A dry run on a machine without a GPU (the static path then runs
 # eagerly, and the peer on the CPU):
 #
-#   CHAT_DEVICE=cpu GPU_DTYPE=float32 GPU_LEVELS=1,2 GPU_REQUESTS=2 GPU_MAX_TOKENS=8 bash bench/gpu.sh
+#   CHAT_DEVICE=cpu GPU_DTYPE=float32 GPU_LEVELS=1,2 GPU_REQUESTS=2 GPU_MAX_TOKENS=8 \
+#     GENERATION_SLOT_TOKENS=256 bash bench/gpu.sh
 #
 # The GPU machine this is for has no network at all, so this script downloads nothing.
 # What it needs must be there already:
