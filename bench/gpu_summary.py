@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 SYSTEMS = {
-    "gpu-graphs": "chatsite, CUDA graphs",
-    "gpu-eager": "chatsite, dynamic (eager)",
+    "gpu-graphs": "chatsite, GENERATION_CUDA_GRAPHS=1",
+    "gpu-eager": "chatsite, GENERATION_CUDA_GRAPHS=0",
     "gpu-peer": "transformers serve --continuous-batching",
 }
 
