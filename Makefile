@@ -32,7 +32,9 @@ run: $(VENV)/.installed
 	$(PY) manage.py ensure_superuser
 	$(PY) manage.py prepare_model
 	# chatsite writes its own access log, one JSON line per request with query values hidden.
-	$(VENV)/bin/daphne --access-log /dev/null --bind 127.0.0.1 --port $(PORT) chatsite.asgi:application
+	# A listen backlog of 4096, not Twisted's 50: a burst of connections is queued, not dropped.
+	$(VENV)/bin/daphne --access-log /dev/null -e tcp:port=$(PORT):interface=127.0.0.1:backlog=4096 \
+	  chatsite.asgi:application
 
 test: $(VENV)/.installed-dev
 	$(PY) -m pytest

@@ -35,6 +35,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+# Twisted listens with a backlog of 50: a burst of more connections than that overflows the
+# kernel's accept queue, and clients see dropped connections. `make run`, the Dockerfile and
+# docker-compose.yml start daphne with this backlog too.
+LISTEN_BACKLOG = 4096
+
+
+def daphne_endpoint(host: str, port: int) -> str:
+    """daphne's `-e` endpoint string for a TCP port with a deep listen backlog."""
+    return f"tcp:port={port}:interface={host}:backlog={LISTEN_BACKLOG}"
+
+
 def stop_process(process: subprocess.Popen[bytes], grace_s: float = 15) -> None:
     """End a server politely (SIGTERM), and for good (SIGKILL) if it lingers."""
     if process.poll() is None:
@@ -94,10 +105,8 @@ class LiveSite:
                 "daphne",
                 "--access-log",  # as `make run`: chatsite's own request lines only
                 "/dev/null",
-                "--bind",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
+                "-e",
+                daphne_endpoint("127.0.0.1", self.port),
                 "chatsite.asgi:application",
             ],
             cwd=ROOT,
