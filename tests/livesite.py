@@ -66,7 +66,9 @@ def kill_process(process: subprocess.Popen[bytes]) -> None:
 class LiveSite:
     """`with LiveSite() as site:` starts migrate + daphne and waits for /readyz."""
 
-    def __init__(self, env: dict[str, str] | None = None, ready_timeout: float = 180) -> None:
+    def __init__(self, env: dict[str, str] | None = None, ready_timeout: float = 180, root: Path = ROOT) -> None:
+        # `root`: the checkout to serve, this one unless a bench compares another revision.
+        self.root = root
         self._tmp = tempfile.TemporaryDirectory(prefix="chatsite-live-")
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
@@ -92,7 +94,7 @@ class LiveSite:
 
     def __enter__(self) -> LiveSite:
         for command in (["migrate", "--noinput"], ["collectstatic", "--noinput", "--verbosity", "0"]):
-            subprocess.run([sys.executable, "manage.py", *command], cwd=ROOT, env=self.env, check=True)
+            subprocess.run([sys.executable, "manage.py", *command], cwd=self.root, env=self.env, check=True)
         self.start()
         return self
 
@@ -109,7 +111,7 @@ class LiveSite:
                 daphne_endpoint("127.0.0.1", self.port),
                 "chatsite.asgi:application",
             ],
-            cwd=ROOT,
+            cwd=self.root,
             env=self.env,
             stdout=self.log_path.open("ab"),
             stderr=subprocess.STDOUT,
@@ -400,7 +402,7 @@ def unlimited_api_key(site: LiveSite, **limits: int) -> str:
     but for the `limits` given (Account fields: tokens_per_day=100, say)."""
     output = subprocess.run(
         [sys.executable, "manage.py", "shell", "-c", ACCOUNT_WITH_LIMITS],
-        cwd=ROOT,
+        cwd=site.root,
         env={**site.env, "ACCOUNT_LIMITS": json.dumps({**UNLIMITED, **limits})},
         capture_output=True,
         text=True,
