@@ -12,6 +12,7 @@ from django.db.models import Case, Count, F, Q, Sum, When
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
+from accounts import key_cache
 from accounts.models import DEFAULT_PLAN, Account, ApiKey, Limits, Plan, UsageDay, UsageRecord, hash_key
 from accounts.rate_limit import WINDOW_S, request_log
 
@@ -260,11 +261,28 @@ def api_key_create(*, user: User, name: str) -> tuple[ApiKey, str]:
     return key, plain
 
 
+def api_key_revoke(*, key: ApiKey) -> None:
+    """Revoke a key: refused from the very next request on, by every process."""
+    key.revoke()
+    key_cache.api_access_changed()
+
+
 def api_key_authenticate(plain: str) -> ApiKey | None:
-    """The active key matching `plain`, with its user and their account; marks it used."""
-    keys = ApiKey.objects.select_related("user__account__plan")
-    key = keys.filter(hashed=hash_key(plain), revoked_at__isnull=True).first()
-    if key is None or not key.matches(plain) or not key.user.is_active:
+    """The active key matching `plain`, with its user and their account; marks it used.
+
+    A key seen before comes from this process's memory while the access version is
+    unchanged (accounts.key_cache): a revocation is refused on the very next request.
+    """
+    hashed = hash_key(plain)
+    version = key_cache.access_version()
+    key = key_cache.remembered_key(hashed, version)
+    if key is None:
+        keys = ApiKey.objects.select_related("user__account__plan")
+        key = keys.filter(hashed=hashed, revoked_at__isnull=True).first()
+        if key is None or not key.user.is_active:
+            return None
+        key_cache.remember_key(hashed, version, key)
+    if not key.matches(plain):
         return None
     now = timezone.now()
     # Write last-used at most once a minute: a hot key would otherwise write every request.
