@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.fanout import ChunkedDecoder
+from bench.fanout import ChunkedDecoder, process_cpu_s
 from tests.livesite import ROOT, LiveSite, unlimited_api_key
 
 RESULTS = ROOT / "bench" / "results" / "door.json"
@@ -108,8 +108,9 @@ def chat_body(*, max_tokens: int, stream: bool) -> dict[str, Any]:
     }
 
 
-async def closed_loop(port: int, request: bytes, *, clients: int, seconds: float) -> dict[str, Any]:
-    """`clients` connections send `request` back to back for `seconds`: requests/s and statuses."""
+async def closed_loop(port: int, request: bytes, *, clients: int, seconds: float, pid: int) -> dict[str, Any]:
+    """`clients` connections send `request` back to back for `seconds`: requests/s, statuses,
+    and the server's CPU time per request (`pid`'s), which the machine's load skews less."""
     statuses: dict[str, int] = {}
     deadline = time.perf_counter() + seconds
 
@@ -122,10 +123,15 @@ async def closed_loop(port: int, request: bytes, *, clients: int, seconds: float
         finally:
             connection.close()
 
-    started = time.perf_counter()
+    started, cpu_before = time.perf_counter(), process_cpu_s(pid)
     await asyncio.gather(*(client() for _ in range(clients)))
-    elapsed = time.perf_counter() - started
-    return {"requests_per_s": round(sum(statuses.values()) / elapsed, 1), "statuses": statuses}
+    elapsed, cpu = time.perf_counter() - started, process_cpu_s(pid) - cpu_before
+    served = sum(statuses.values())
+    return {
+        "requests_per_s": round(served / elapsed, 1),
+        "server_cpu_ms_per_request": round(1000 * cpu / max(1, served), 2),
+        "statuses": statuses,
+    }
 
 
 async def first_token_s(port: int, request: bytes, start: asyncio.Event) -> float:
@@ -155,13 +161,15 @@ async def first_token_s(port: int, request: bytes, start: asyncio.Event) -> floa
         writer.close()
 
 
-async def burst(port: int, key: str, size: int) -> dict[str, Any]:
+async def burst(port: int, key: str, size: int, pid: int) -> dict[str, Any]:
     request = request_bytes(port, "POST", "/v1/chat/completions", key, chat_body(max_tokens=BURST_TOKENS, stream=True))
     start = asyncio.Event()
     tasks = [asyncio.create_task(first_token_s(port, request, start)) for _ in range(size)]
     await asyncio.sleep(0.2)  # every client waits at the start line
+    cpu_before = process_cpu_s(pid)
     start.set()
     results = await asyncio.gather(*tasks, return_exceptions=True)
+    cpu = process_cpu_s(pid) - cpu_before
     ttfts = sorted(result for result in results if isinstance(result, float))
     errors: dict[str, int] = {}
     for result in results:
@@ -172,22 +180,25 @@ async def burst(port: int, key: str, size: int) -> dict[str, Any]:
         "ttft_p50_s": round(statistics.median(ttfts), 3) if ttfts else None,
         "ttft_p95_s": round(ttfts[int(0.95 * (len(ttfts) - 1))], 3) if ttfts else None,
         "failed": size - len(ttfts),
+        "server_cpu_ms_per_stream": round(1000 * cpu / size, 2),
         "errors": errors,
     }
 
 
 async def measure_site(site: LiveSite, key: str, args: argparse.Namespace) -> dict[str, Any]:
     port = site.port
+    assert site.process is not None
+    pid = site.process.pid
     healthz = request_bytes(port, "GET", "/healthz")
     tiny = request_bytes(port, "POST", "/v1/chat/completions", key, chat_body(max_tokens=1, stream=False))
     # Warm-up: first requests import, compile and connect what later ones reuse.
-    await closed_loop(port, tiny, clients=4, seconds=1)
+    await closed_loop(port, tiny, clients=4, seconds=1, pid=pid)
     figures = {
-        "healthz": await closed_loop(port, healthz, clients=args.clients, seconds=args.seconds),
-        "tiny_completions": await closed_loop(port, tiny, clients=args.clients, seconds=args.seconds),
+        "healthz": await closed_loop(port, healthz, clients=args.clients, seconds=args.seconds, pid=pid),
+        "tiny_completions": await closed_loop(port, tiny, clients=args.clients, seconds=args.seconds, pid=pid),
     }
     await asyncio.sleep(1)
-    figures["burst"] = await burst(port, key, args.burst)
+    figures["burst"] = await burst(port, key, args.burst, pid)
     return figures
 
 
@@ -248,8 +259,10 @@ def main() -> None:
     args.results.write_text(json.dumps(payload, indent=2) + "\n")
     for name, run in runs.items():
         print(
-            f"{name:<7} healthz {run['healthz']['requests_per_s']:>7}/s  "
-            f"tiny {run['tiny_completions']['requests_per_s']:>7}/s  "
+            f"{name:<7} healthz {run['healthz']['requests_per_s']:>7}/s "
+            f"({run['healthz']['server_cpu_ms_per_request']} ms CPU)  "
+            f"tiny {run['tiny_completions']['requests_per_s']:>7}/s "
+            f"({run['tiny_completions']['server_cpu_ms_per_request']} ms CPU)  "
             f"burst TTFT p50 {run['burst']['ttft_p50_s']} s p95 {run['burst']['ttft_p95_s']} s "
             f"failed {run['burst']['failed']}  load {run['load_average_1m']}"
         )
