@@ -14,6 +14,7 @@ thread's next task connects afresh.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -39,6 +40,20 @@ async def in_database_thread(work: Callable[P, T], /, *args: P.args, **kwargs: P
     """
     task = partial(_run, logs.request_fields(), partial(work, *args, **kwargs))
     return await asyncio.get_running_loop().run_in_executor(_threads, task)
+
+
+def close_connections() -> None:
+    """Close every thread's connection (a test database is dropped with none open).
+
+    One task per thread: each waits at the barrier until every thread holds one."""
+    barrier = threading.Barrier(THREADS)
+
+    def close_this_threads() -> None:
+        barrier.wait()
+        connections.close_all()
+
+    for done in [_threads.submit(close_this_threads) for _ in range(THREADS)]:
+        done.result()
 
 
 def _run(fields: dict[str, Any] | None, work: Callable[[], T]) -> T:

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from celery import signature
 from django.conf import settings
-from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
+from django.db import InterfaceError, OperationalError, close_old_connections, connections, transaction
 
 from accounts.services import usage_finish
 from generation.logs import log_generation
@@ -89,22 +89,18 @@ def _title_if_first(answer_id: int) -> None:
 
 
 def engine_thread_task(function: Callable[..., None]) -> Callable[..., None]:
-    """Run a write from the engine's threads on the connection they keep, closed after a
-    database error, so that the next write connects afresh.
+    """Run a write from the engine thread on a fresh connection, closed afterwards.
 
-    Kept, not opened and closed for each write: on SQLite a new connection cost more than
-    a finished generation's writes themselves (docs/benchmarks.md, the door); the thread
-    holds one connection for the life of the process, as the API's threads do
-    (api/database.py). A connection that died unnoticed fails one write, which
-    retried_on_a_new_connection repeats where it matters (the final save).
+    The engine thread lives as long as the process; without this it would hold a
+    database connection open between generations.
     """
 
     @wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> None:
+        close_old_connections()
         try:
             function(*args, **kwargs)
-        except DatabaseError:
-            connections.close_all()
-            raise
+        finally:
+            close_old_connections()
 
     return wrapper

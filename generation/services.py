@@ -108,6 +108,7 @@ def generation_admit(
         prompt,
         replace(params, max_tokens=max_tokens),
         request_id=logs.request_id(),
+        prompt_tokens=prompt_tokens,
     )
     logs.annotate(model=model, stream_id=task.stream_id)
     if start_early and runner.starts_early(model):
