@@ -244,7 +244,13 @@ def main() -> None:
     runs: dict[str, Any] = {}
     if args.before:
         with tempfile.TemporaryDirectory(prefix="chatsite-door-") as scratch:
-            runs["before"] = {"revision": args.before, **measure(export(args.before, Path(scratch)), args)}
+            commit = subprocess.run(
+                ["git", "rev-parse", "--short", args.before], cwd=ROOT, check=True, capture_output=True, text=True
+            ).stdout.strip()
+            runs["before"] = {
+                "revision": f"{args.before} ({commit})",
+                **measure(export(args.before, Path(scratch)), args),
+            }
     runs["after"] = {"revision": "working tree", **measure(ROOT, args)}
     for run in runs.values():
         run["goals_met"] = goals_met(run)
