@@ -32,7 +32,9 @@ run: $(VENV)/.installed
 	$(PY) manage.py ensure_superuser
 	$(PY) manage.py prepare_model
 	# chatsite writes its own access log, one JSON line per request with query values hidden.
-	$(VENV)/bin/daphne --access-log /dev/null --bind 127.0.0.1 --port $(PORT) chatsite.asgi:application
+	# A listen backlog of 4096, not Twisted's 50: a burst of connections is queued, not dropped.
+	$(VENV)/bin/daphne --access-log /dev/null -e tcp:port=$(PORT):interface=127.0.0.1:backlog=4096 \
+	  chatsite.asgi:application
 
 test: $(VENV)/.installed-dev
 	$(PY) -m pytest
@@ -77,6 +79,7 @@ bench: $(VENV)/.installed-dev
 	$(PY) -m bench.page
 	$(PY) -m bench.redis_latency
 	$(PY) -m bench.fanout
+	$(PY) -m bench.door
 
 # Concurrent API streams: chatsite's two schedulers and `transformers serve
 # --continuous-batching` (installed once into .cache/peer-venv), each in the default dtype

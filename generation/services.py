@@ -115,6 +115,7 @@ def generation_admit(
         request_id=logs.request_id(),
         priority=account.plan.priority,
         owner=str(user.pk),
+        prompt_tokens=prompt_tokens,
     )
     logs.annotate(model=model, stream_id=task.stream_id)
     if start_early and runner.starts_early(model):
