@@ -54,6 +54,8 @@ class Message(models.Model):
     duration_ms = models.PositiveIntegerField(null=True, blank=True)
     finish_reason = models.CharField(max_length=20, blank=True)
     error = models.TextField(blank=True)
+    # Streamed from the response cache rather than generated (generation/response_cache.py).
+    from_cache = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -53,6 +53,8 @@ class GenerationTask:
     ahead: int | None = None
     # The request that started it, named in its log line.
     request_id: str | None = None
+    # Where its answer is kept once complete (the response cache); None: not kept.
+    cache_key: str | None = None
     # Set when it starts before its admission is written; never travels.
     admission: Admission | None = field(default=None, compare=False)
 

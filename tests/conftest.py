@@ -39,6 +39,14 @@ def _no_titles_unless_asked(settings):
 
 
 @pytest.fixture(autouse=True)
+def _no_response_cache_unless_asked(settings):
+    # Users of one test have the ids of another's (the database rolls back) while the
+    # in-memory cache lives on, and tests that send a request twice expect two
+    # generations: the response cache's tests turn it on, with a cache of their own.
+    settings.CHAT_RESPONSE_CACHE = "off"
+
+
+@pytest.fixture(autouse=True)
 def _requests_counted_afresh(settings, monkeypatch):
     # Each test's users have the ids of earlier tests' users (the database rolls back), and
     # requests per minute are counted for 60 s by user id: start each test with none.
