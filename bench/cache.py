@@ -1,6 +1,6 @@
 """The response cache's time to first token over HTTP, against a generated answer's.
 
-    python -m bench.cache [--runs 10] [--max-tokens 32]
+    python -m bench.cache [--runs 10] [--max-tokens 16]
 
 Each run asks a question of its own twice, greedily, as a streamed chat completion over
 HTTP to a real daphne serving SmolLM2-135M-Instruct: the first answer is generated
@@ -59,7 +59,7 @@ def streamed_run(client: httpx.Client, question: str, max_tokens: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=10)
-    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=16)
     args = parser.parse_args()
 
     subprocess.run([sys.executable, "manage.py", "prepare_model"], cwd=ROOT, check=True)
@@ -69,8 +69,8 @@ def main() -> None:
         key = subprocess.run(
             [*manage, "create_api_key", "bench"], cwd=ROOT, env=site.env, capture_output=True, text=True, check=True
         ).stdout.strip()
-        # Two requests a run: lift the plan's per-minute limit for this user.
-        lift = "from accounts.models import Account; Account.objects.update(requests_per_minute=10**6)"
+        # Two requests a run: lift the plans' per-minute limit on this scratch database.
+        lift = "from accounts.models import Plan; Plan.objects.update(requests_per_minute=10**6)"
         subprocess.run([*manage, "shell", "-c", lift], cwd=ROOT, env=site.env, check=True, capture_output=True)
         headers = {"Authorization": f"Bearer {key}"}
         generated, cached = [], []
