@@ -231,7 +231,7 @@ class UsageRecordAdmin(admin.ModelAdmin):
 
 def cache_hit_rate(hits: int, misses: int) -> str:
     """The share of cacheable requests the response cache answered, as shown; "-" for none."""
-    return f"{hits / (hits + misses):.0%}" if hits + misses else "-"
+    return f"{hits / (hits + misses):.0%} ({hits} of {hits + misses})" if hits + misses else "-"
 
 
 class DailyFilterForm(forms.Form):

@@ -243,7 +243,7 @@ def test_the_usage_admin_shows_the_days_hit_rate(admin_client, alice_key, fast_e
     post("/v1/chat/completions", {**GREEDY, "temperature": 0.7}, alice_key)  # not cacheable: not counted
     usage_rollup()
     page = admin_client.get("/admin/accounts/usagerecord/daily/").content.decode()
-    assert page.count('<td data-role="hit-rate">75%</td>') == 2  # today and the total
+    assert page.count('<td data-role="hit-rate">75% (3 of 4)</td>') == 2  # today and the total
     listing = admin_client.get("/admin/accounts/usagerecord/?cache__exact=hit").content.decode()
     assert listing.count("field-cache") == 3, re.findall(r"<tr.{0,300}", listing)[:3]
 
