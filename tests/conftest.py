@@ -151,6 +151,13 @@ def live_site() -> Iterator[LiveSite]:
         yield site
 
 
+@pytest.fixture(scope="session")
+def cache_site() -> Iterator[LiveSite]:
+    """chatsite under a real daphne with the real model and the response cache on (per user)."""
+    with LiveSite(env={"CHAT_RESPONSE_CACHE": "user"}) as site:
+        yield site
+
+
 CHROMIUM = "/usr/bin/chromium"
 
 

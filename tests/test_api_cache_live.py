@@ -11,9 +11,9 @@ QUESTION = [{"role": "user", "content": "Name three colours."}]
 
 
 @pytest.fixture(scope="module")
-def client(live_site) -> openai.OpenAI:
-    key = make_user_with_key(live_site, "api-cache-alice")
-    return openai.OpenAI(base_url=f"{live_site.base_url}/v1", api_key=key, max_retries=0)
+def client(cache_site) -> openai.OpenAI:
+    key = make_user_with_key(cache_site, "api-cache-alice")
+    return openai.OpenAI(base_url=f"{cache_site.base_url}/v1", api_key=key, max_retries=0)
 
 
 def test_the_openai_client_gets_the_same_text_from_the_cache_streamed_or_not(client):

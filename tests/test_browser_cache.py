@@ -11,8 +11,8 @@ from tests.conftest import sign_up
 
 
 @pytest.fixture
-def page(browser, live_site):
-    context = browser.new_context(base_url=live_site.base_url)
+def page(browser, cache_site):
+    context = browser.new_context(base_url=cache_site.base_url)
     page = context.new_page()
     yield page
     context.close()
