@@ -55,6 +55,10 @@ class GenerationTask:
     request_id: str | None = None
     # Where its answer is kept once complete (the response cache); None: not kept.
     cache_key: str | None = None
+    # Its place in the waiting order (inference/fair_queue.py): the plan's priority and the
+    # user it is for.
+    priority: int = 0
+    owner: str = ""
     # Set when it starts before its admission is written; never travels.
     admission: Admission | None = field(default=None, compare=False)
 

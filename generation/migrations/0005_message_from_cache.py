@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("generation", "0003_upstreamendpoint"),
+        ("generation", "0004_search_index"),
     ]
 
     operations = [

@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("accounts", "0005_usagerecord_usage_estimated"),
+        ("accounts", "0006_plan_priority"),
     ]
 
     operations = [
