@@ -151,6 +151,7 @@ class UsageRecordAdmin(admin.ModelAdmin):
         "finish_reason",
         "prompt_tokens",
         "completion_tokens",
+        "cache",
         "ttft_ms",
         "duration_ms",
     ]
@@ -158,6 +159,7 @@ class UsageRecordAdmin(admin.ModelAdmin):
         "channel",
         "model",
         "status",
+        "cache",
         ("created_at", admin.DateFieldListFilter),
         ("user", admin.RelatedOnlyFieldListFilter),
     ]
@@ -233,10 +235,15 @@ class UsageRecordAdmin(admin.ModelAdmin):
                 prompt=Sum("prompt_tokens"),
                 completion=Sum("completion_tokens"),
                 total=Sum(F("prompt_tokens") + F("completion_tokens")),
+                hits=Sum("cache_hits"),
+                misses=Sum("cache_misses"),
             )
             .order_by("-day")
         )
-        totals = {name: sum(day[name] for day in days) for name in ("request_count", "prompt", "completion", "total")}
+        names = ("request_count", "prompt", "completion", "total", "hits", "misses")
+        totals = {name: sum(day[name] for day in days) for name in names}
+        for row in [*days, totals]:
+            row["hit_rate"] = cache_hit_rate(row["hits"], row["misses"])
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
@@ -249,6 +256,11 @@ class UsageRecordAdmin(admin.ModelAdmin):
             "query_string": f"?{params.urlencode()}" if params else "",
         }
         return TemplateResponse(request, "admin/accounts/usagerecord/daily.html", context)
+
+
+def cache_hit_rate(hits: int, misses: int) -> str:
+    """The share of cacheable requests the response cache answered, as shown; "-" for none."""
+    return f"{hits / (hits + misses):.0%} ({hits} of {hits + misses})" if hits + misses else "-"
 
 
 class DailyFilterForm(forms.Form):
@@ -307,6 +319,8 @@ class UsageDayAdmin(admin.ModelAdmin):
         "prompt_tokens",
         "completion_tokens",
         "total_tokens",
+        "cache_hits",
+        "cache_misses",
     ]
     list_filter = [
         "channel",

@@ -127,6 +127,11 @@ class GenerationStatus(models.TextChoices):
     INTERRUPTED = "interrupted"
 
 
+class CacheOutcome(models.TextChoices):
+    HIT = "hit"
+    MISS = "miss"
+
+
 class UsageRecord(models.Model):
     """One generation, whatever the channel: the one ledger quotas are checked against."""
 
@@ -152,6 +157,9 @@ class UsageRecord(models.Model):
     reserved_tokens = models.PositiveIntegerField(default=0)
     # The counts are estimates: the model server that generated it reported no usage.
     usage_estimated = models.BooleanField(default=False)
+    # The response cache's verdict on a deterministic request: "hit" (the answer came from
+    # the cache: no completion tokens counted) or "miss"; blank where the cache did not apply.
+    cache = models.CharField(max_length=4, choices=CacheOutcome.choices, blank=True)
     ttft_ms = models.PositiveIntegerField(null=True, blank=True)
     duration_ms = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
@@ -182,6 +190,9 @@ class UsageDay(models.Model):
     requests = models.PositiveIntegerField(default=0)
     prompt_tokens = models.PositiveBigIntegerField(default=0)
     completion_tokens = models.PositiveBigIntegerField(default=0)
+    # Requests the response cache answered, and those it could have but had no answer for.
+    cache_hits = models.PositiveIntegerField(default=0)
+    cache_misses = models.PositiveIntegerField(default=0)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from accounts import key_cache
 from accounts.group_commit import GroupCommit
-from accounts.models import DEFAULT_PLAN, Account, ApiKey, Limits, Plan, UsageDay, UsageRecord, hash_key
+from accounts.models import DEFAULT_PLAN, Account, ApiKey, CacheOutcome, Limits, Plan, UsageDay, UsageRecord, hash_key
 from accounts.rate_limit import WINDOW_S, request_log
 
 
@@ -127,12 +127,14 @@ def usage_admit(
     prompt_tokens: int,
     max_tokens: int,
     api_key: ApiKey | None = None,
+    cache: str = "",
 ) -> tuple[UsageRecord, int, Quota]:
     """Reserve a counted request's tokens in today's budget and record it in the ledger.
 
     The prompt's tokens and the answer's max_tokens are reserved together (the answer's
     share capped by what is left of the budget); usage_finish settles them to the real
-    figures. Returns the usage record, the max_tokens granted and the quota after
+    figures. `cache` is the response cache's verdict ("hit", "miss", or "" where it does
+    not apply). Returns the usage record, the max_tokens granted and the quota after
     admission. Raises QuotaExceeded (too_many_concurrent_streams, or insufficient_quota
     when the prompt and one token of answer don't fit in what is left today).
 
@@ -150,6 +152,7 @@ def usage_admit(
         prompt_tokens=prompt_tokens,
         max_tokens=max_tokens,
         api_key=api_key,
+        cache=cache,
     )
     return _admissions.run(admit)
 
@@ -169,6 +172,7 @@ def _usage_admit_one(
     prompt_tokens: int,
     max_tokens: int,
     api_key: ApiKey | None,
+    cache: str,
 ) -> tuple[UsageRecord, int, Quota]:
     """usage_admit's work, in a transaction that its caller (GroupCommit) holds."""
     now = timezone.now()
@@ -199,6 +203,7 @@ def _usage_admit_one(
         producer=producer,
         prompt_tokens=prompt_tokens,
         reserved_tokens=granted,
+        cache=cache,
         created_at=now,
     )
     quota = Quota(
@@ -234,6 +239,19 @@ def usage_finish(
     )
 
 
+def usage_finish_from_cache(*, stream_id: str, finish_reason: str, ttft_ms: int, duration_ms: int) -> None:
+    """Settle a request the response cache answered: a request, its prompt's tokens, and
+    no completion tokens (nothing was generated)."""
+    UsageRecord.objects.filter(stream_id=stream_id).update(
+        status=UsageRecord.Status.COMPLETE,
+        finish_reason=finish_reason,
+        completion_tokens=0,
+        reserved_tokens=0,
+        ttft_ms=ttft_ms,
+        duration_ms=duration_ms,
+    )
+
+
 def usage_rollup(*, days: int = 2, now: dt.datetime | None = None) -> int:
     """Recompute the UsageDay totals of the last `days` UTC days, today included, from the ledger.
 
@@ -257,6 +275,8 @@ def usage_rollup(*, days: int = 2, now: dt.datetime | None = None) -> int:
             request_count=Count("pk"),
             prompt=Sum("prompt_tokens"),
             completion=Sum("completion_tokens", filter=~Q(status=UsageRecord.Status.STREAMING)),
+            hits=Count("pk", filter=Q(cache=CacheOutcome.HIT)),
+            misses=Count("pk", filter=Q(cache=CacheOutcome.MISS)),
         )
         .order_by("day", "user", "model", "channel")
     )
@@ -269,6 +289,8 @@ def usage_rollup(*, days: int = 2, now: dt.datetime | None = None) -> int:
             requests=total["request_count"],
             prompt_tokens=total["prompt"] or 0,
             completion_tokens=total["completion"] or 0,
+            cache_hits=total["hits"],
+            cache_misses=total["misses"],
         )
         for total in totals
     ]
@@ -285,7 +307,14 @@ def usage_rollup(*, days: int = 2, now: dt.datetime | None = None) -> int:
             rows,
             update_conflicts=True,
             unique_fields=["day", "user", "model", "channel"],
-            update_fields=["requests", "prompt_tokens", "completion_tokens", "updated_at"],
+            update_fields=[
+                "requests",
+                "prompt_tokens",
+                "completion_tokens",
+                "cache_hits",
+                "cache_misses",
+                "updated_at",
+            ],
         )
     return len(rows)
 

@@ -52,13 +52,22 @@ _STATUS = {
 }
 
 
-def _ok(description: str, schema: str, *, stream: bool = False) -> dict[str, Any]:
+CACHE = _header(
+    "hit: the answer came from the response cache; miss: a cacheable request (temperature 0 or a seed), "
+    "generated. Absent where the cache does not apply",
+    required=False,
+    schema={"enum": ["hit", "miss"]},
+)
+
+
+def _ok(description: str, schema: str, *, stream: bool = False, cached: bool = False) -> dict[str, Any]:
     content: dict[str, Any] = {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}
     if stream:
         content["text/event-stream"] = {"schema": STREAM}
     headers = {
         "X-Request-Id": REQUEST_ID,
         **{name: _header("OpenAI's rate-limit header") for name in RATE_LIMIT_HEADERS},
+        **({"x-chatsite-cache": CACHE} if cached else {}),
     }
     return {"description": description, "headers": headers, "content": content}
 
@@ -244,14 +253,18 @@ def openapi_document() -> dict[str, Any]:
                 "post": {
                     "summary": "Create a chat completion",
                     "requestBody": body("ChatCompletionRequest"),
-                    "responses": _responses(_ok(streamed, "ChatCompletion", stream=True), sent=True, model=True),
+                    "responses": _responses(
+                        _ok(streamed, "ChatCompletion", stream=True, cached=True), sent=True, model=True
+                    ),
                 }
             },
             "/completions": {
                 "post": {
                     "summary": "Create a text completion (legacy)",
                     "requestBody": body("CompletionRequest"),
-                    "responses": _responses(_ok(streamed, "TextCompletion", stream=True), sent=True, model=True),
+                    "responses": _responses(
+                        _ok(streamed, "TextCompletion", stream=True, cached=True), sent=True, model=True
+                    ),
                 }
             },
             "/streams/{id}": {

@@ -39,6 +39,7 @@ from inference.streams import StreamNotFound
 logger = logging.getLogger(__name__)
 
 STREAM_PREFIXES = {"chatcmpl-": "chat", "cmpl-": "text"}
+CACHE_HEADER = "x-chatsite-cache"
 
 View = Callable[..., Coroutine[Any, Any, HttpResponseBase]]
 
@@ -227,7 +228,7 @@ async def _complete(
         raise _refused(refusal, param=param) from None
     caller.quota = started.quota
     if body.stream:
-        return _sse_response(
+        response = _sse_response(
             request,
             caller,
             completion,
@@ -235,7 +236,11 @@ async def _complete(
             include_usage=body.include_usage,
             cancel_on_disconnect=not body.resumable,
         )
-    return await _whole_completion(completion)
+    else:
+        response = await _whole_completion(completion)
+    if started.cache:  # "hit": streamed from the response cache; "miss": generated, and kept
+        response[CACHE_HEADER] = started.cache
+    return response
 
 
 async def _whole_completion(completion: Completion) -> HttpResponseBase:

@@ -375,6 +375,10 @@ GENERATION_CUDA_GRAPHS = env_choice("GENERATION_CUDA_GRAPHS", "auto", ("auto", "
 GENERATION_SLOT_TOKENS = env_int("GENERATION_SLOT_TOKENS", 4096, minimum=16)
 # After a conversation's first answer, the model gives it a short title (one small generation).
 CHAT_AUTO_TITLE = env_bool("CHAT_AUTO_TITLE", True)
+# Finished answers to deterministic requests (temperature 0 or a seed), streamed again to
+# an identical request: `user` serves each user only their own, `global` anyone's.
+CHAT_RESPONSE_CACHE = env_choice("CHAT_RESPONSE_CACHE", "user", ("off", "user", "global"))
+CHAT_RESPONSE_CACHE_TTL = env_int("CHAT_RESPONSE_CACHE_TTL", 3600, minimum=1)
 CHAT_ENABLE_SYNTHETIC = env_bool("CHAT_ENABLE_SYNTHETIC", False)
 CHAT_SYNTHETIC_TOKENS_PER_S = env_float("CHAT_SYNTHETIC_TOKENS_PER_S", 50.0)
 # Model servers (vLLM, TGI, Ollama, ...) behind chatsite; more can be added in the admin.

@@ -19,6 +19,7 @@ from accounts.services import usage_finish
 from generation.logs import log_generation
 from generation.metrics import observe_generation
 from generation.models import Message
+from generation.response_cache import response_cache_fill
 from inference.backend import GenerationTask
 from inference.engine import GenerationResult, Job
 
@@ -38,6 +39,8 @@ def job_for(task: GenerationTask, *, on_done: Callable[[GenerationResult], None]
         # The result must not be lost to a connection that died meanwhile (a terminated
         # backend, a database restart): the run would count as streaming for ever.
         retried_on_a_new_connection(partial(_result_save, task, result))
+        if task.cache_key is not None and _granted_in_full(task):
+            response_cache_fill(key=task.cache_key, stream_id=task.stream_id, result=result)
         if on_done:
             on_done(result)
 
@@ -52,6 +55,12 @@ def job_for(task: GenerationTask, *, on_done: Callable[[GenerationResult], None]
         priority=task.priority,
         owner=task.owner,
     )
+
+
+def _granted_in_full(task: GenerationTask) -> bool:
+    """Whether a task that started before its admission was written (a model server's)
+    was granted the max_tokens its cache key names, not fewer (the day's budget)."""
+    return task.admission is None or task.admission.max_tokens == task.params.max_tokens
 
 
 def _result_save(task: GenerationTask, result: GenerationResult) -> None:

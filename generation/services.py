@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 import uuid
 from dataclasses import dataclass, replace
 from functools import partial
@@ -13,13 +14,21 @@ from django.contrib.auth.models import User
 from django.db import transaction
 
 from accounts.models import ApiKey, UsageRecord
-from accounts.services import InvalidRequest, Quota, account_for, usage_admit, usage_request_count
+from accounts.services import (
+    InvalidRequest,
+    Quota,
+    account_for,
+    usage_admit,
+    usage_finish_from_cache,
+    usage_request_count,
+)
 from documents.services import retrieval_for
 from generation import logs, runtime
 from generation.backends import backend
 from generation.dispatch import QUEUE_PRODUCER
 from generation.jobs import engine_thread_task
 from generation.models import Conversation, Message
+from generation.response_cache import CachedAnswer, CacheLookup, response_cache_lookup
 from generation.selectors import chat_history, last_exchange
 from inference.backend import Admission, GenerationTask
 from inference.engine import EngineOverloaded, GenerationResult, Job
@@ -50,6 +59,9 @@ class Admitted:
     submitted: bool = False  # started before its admission was written (generation_start)
     # A chat answer from documents: the sources its prompt carries (None: no retrieval stage).
     sources: list[dict[str, Any]] | None = None
+    # The response cache's answer to it; None where the cache does not apply.
+    cache: CacheLookup | None = None
+    prompt_tokens: int = 0
 
     @property
     def stream_id(self) -> str:
@@ -61,6 +73,7 @@ class Started:
     stream_id: str
     max_tokens: int
     quota: Quota
+    cache: str | None = None  # "hit" or "miss" where the response cache applies
 
 
 def generation_admit(
@@ -118,7 +131,12 @@ def generation_admit(
         prompt_tokens=prompt_tokens,
     )
     logs.annotate(model=model, stream_id=task.stream_id)
-    if start_early and runner.starts_early(model):
+    # The one look at the response cache: a hit is admitted like any request, and then
+    # streamed from the cache by generation_submit instead of generated.
+    cache = response_cache_lookup(user_id=user.pk, model=model, prompt=prompt, params=task.params)
+    if cache is not None and cache.answer is None:
+        task = replace(task, cache_key=cache.key)
+    if start_early and runner.starts_early(model) and not (cache and cache.answer):
         task = replace(task, admission=Admission())
         runner.submit(task)
     producer = runner.producer(model)
@@ -134,6 +152,7 @@ def generation_admit(
             prompt_tokens=prompt_tokens,
             max_tokens=max_tokens,
             api_key=api_key,
+            cache=cache.outcome if cache else "",
         )
     except BaseException:
         if task.admission is not None:
@@ -142,8 +161,17 @@ def generation_admit(
         raise
     if task.admission is not None:
         task.admission.grant(granted)
+    if granted < max_tokens:  # cut short by the day's budget: not the answer its key stands for
+        task = replace(task, cache_key=None)
     task = replace(task, params=replace(params, max_tokens=granted))
-    return Admitted(task=task, producer=producer, quota=quota, submitted=task.admission is not None)
+    return Admitted(
+        task=task,
+        producer=producer,
+        quota=quota,
+        submitted=task.admission is not None,
+        cache=cache,
+        prompt_tokens=prompt_tokens,
+    )
 
 
 def generation_submit(admitted: Admitted, *, message_id: int | None = None) -> Started:
@@ -152,14 +180,58 @@ def generation_submit(admitted: Admitted, *, message_id: int | None = None) -> S
     Raises EngineOverloaded when the queue is full; its place in the ledger is then given back.
     """
     task = replace(admitted.task, message_id=message_id)
+    cache = admitted.cache
+    started = Started(
+        stream_id=task.stream_id,
+        max_tokens=task.params.max_tokens,
+        quota=admitted.quota,
+        cache=cache.outcome if cache else None,
+    )
+    if cache is not None and cache.answer is not None:
+        _answer_from_cache(task, cache.answer, prompt_tokens=admitted.prompt_tokens)
+        return started
     if admitted.submitted:
-        return Started(stream_id=task.stream_id, max_tokens=task.params.max_tokens, quota=admitted.quota)
+        return started
     try:
         backend().submit(task)
     except Exception:
         UsageRecord.objects.filter(stream_id=task.stream_id).delete()
         raise
-    return Started(stream_id=task.stream_id, max_tokens=task.params.max_tokens, quota=admitted.quota)
+    return started
+
+
+def _answer_from_cache(task: GenerationTask, answer: CachedAnswer, *, prompt_tokens: int) -> None:
+    """Stream a cached answer as its generation did: the same token events, then `done`,
+    in the stream store, so that readers, resume and Stop work as for any answer. As a
+    producer does, the ledger and the answer are saved before the terminal event."""
+    began = time.monotonic()
+    runtime.stream_store().create(task.stream_id)
+    elapsed_ms = round((time.monotonic() - began) * 1000)
+    usage_finish_from_cache(
+        stream_id=task.stream_id, finish_reason=answer.finish_reason, ttft_ms=elapsed_ms, duration_ms=elapsed_ms
+    )
+    if task.message_id is not None:
+        Message.objects.filter(pk=task.message_id).update(
+            content=answer.text,
+            status=Message.Status.COMPLETE,
+            finish_reason=answer.finish_reason,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=answer.completion_tokens,
+            ttft_ms=elapsed_ms,
+            from_cache=True,
+        )
+    result = GenerationResult(
+        text=answer.text,
+        status="complete",
+        finish_reason=answer.finish_reason,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=0,  # the ledger's figures: a cached answer generates nothing
+        ttft_s=elapsed_ms / 1000,
+        duration_s=elapsed_ms / 1000,
+    )
+    events: list[tuple[str, str, dict[str, Any]]] = [(task.stream_id, "token", {"delta": p}) for p in answer.pieces]
+    events.append((task.stream_id, "done", {**result.summary(), "cached": True}))
+    runtime.stream_store().append_many(events)
 
 
 def generation_start(

@@ -53,6 +53,8 @@ class GenerationTask:
     ahead: int | None = None
     # The request that started it, named in its log line.
     request_id: str | None = None
+    # Where its answer is kept once complete (the response cache); None: not kept.
+    cache_key: str | None = None
     # Its place in the waiting order (inference/fair_queue.py): the plan's priority and the
     # user it is for.
     priority: int = 0

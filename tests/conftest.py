@@ -47,6 +47,14 @@ def _no_titles_unless_asked(settings):
 
 
 @pytest.fixture(autouse=True)
+def _no_response_cache_unless_asked(settings):
+    # Users of one test have the ids of another's (the database rolls back) while the
+    # in-memory cache lives on, and tests that send a request twice expect two
+    # generations: the response cache's tests turn it on, with a cache of their own.
+    settings.CHAT_RESPONSE_CACHE = "off"
+
+
+@pytest.fixture(autouse=True)
 def _requests_counted_afresh(settings, monkeypatch):
     # Each test's users have the ids of earlier tests' users (the database rolls back), and
     # requests per minute are counted for 60 s by user id: start each test with none.
@@ -148,6 +156,13 @@ def wait_until(condition: Callable[[], bool], timeout: float = 30) -> None:
 def live_site() -> Iterator[LiveSite]:
     """chatsite under a real daphne process with the real model, shared by the session."""
     with LiveSite() as site:
+        yield site
+
+
+@pytest.fixture(scope="session")
+def cache_site() -> Iterator[LiveSite]:
+    """chatsite under a real daphne with the real model and the response cache on (per user)."""
+    with LiveSite(env={"CHAT_RESPONSE_CACHE": "user"}) as site:
         yield site
 
 

@@ -83,6 +83,9 @@ class LiveSite:
             # No title generations after first answers, which would take batch rows and
             # queue places that tests and benchmarks count; those about titles turn it on.
             "CHAT_AUTO_TITLE": "0",
+            # No answers from the response cache: tests that ask the same greedy question
+            # twice mean to watch it generated twice; those about the cache turn it on.
+            "CHAT_RESPONSE_CACHE": "off",
             # Stopped at a test's end: answers still running get 2 s, not 30, to finish.
             "GRACEFUL_TIMEOUT": "2",
             **(env or {}),

@@ -1,4 +1,5 @@
-"""Message.sources: the passages an answer from documents cites (documents/).
+"""Message.sources: the passages an answer from documents cites (documents/); and
+Message.from_cache: an answer streamed from the response cache.
 
 On SQLite adding a column rebuilds generation_message, which drops the search index's
 triggers with the old table (0004_search_index says so): the index is dropped before and
@@ -34,6 +35,11 @@ class Migration(migrations.Migration):
             model_name='message',
             name='sources',
             field=models.JSONField(blank=True, default=list),
+        ),
+        migrations.AddField(
+            model_name='message',
+            name='from_cache',
+            field=models.BooleanField(default=False),
         ),
         migrations.RunPython(
             _on_sqlite(search_index.create_search_index), _on_sqlite(search_index.drop_search_index), elidable=False
