@@ -76,6 +76,9 @@ def test_a_plan_changed_in_the_admin_applies_on_the_very_next_request(alice, adm
             "tokens_per_day": 1000,
             "max_concurrent_streams": 1,
             "max_tokens_per_request": 64,
+            "priority": plan.priority,
+            "max_documents_per_conversation": plan.max_documents_per_conversation,
+            "max_document_bytes": plan.max_document_bytes,
         },
     )
     assert response.status_code == 302
