@@ -19,6 +19,10 @@ class Conversation(models.Model):
     system_prompt = models.TextField(blank=True)
     temperature = models.FloatField(default=0.2)
     max_tokens = models.PositiveIntegerField(default=512)
+    # The last message of the branch shown and continued (see selectors); empty: the newest message.
+    current_leaf = models.ForeignKey(
+        "Message", on_delete=models.SET_NULL, null=True, blank=True, related_name="+", editable=False
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -41,6 +45,9 @@ class Message(models.Model):
     Status = GenerationStatus
 
     conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="messages")
+    # The message this one follows: a prompt follows an answer (none: it opens the conversation),
+    # an answer its prompt. Messages with the same parent are versions of one another.
+    parent = models.ForeignKey("self", on_delete=models.CASCADE, null=True, blank=True, related_name="children")
     role = models.CharField(max_length=20, choices=Role.choices)
     content = models.TextField(blank=True)
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.COMPLETE)

@@ -14,4 +14,5 @@ urlpatterns = [
     path("messages/<int:message_id>/stop/", views.message_stop, name="message_stop"),
     path("messages/<int:message_id>/regenerate/", views.message_regenerate, name="message_regenerate"),
     path("messages/<int:message_id>/edit/", views.message_edit, name="message_edit"),
+    path("messages/<int:message_id>/choose/", views.message_choose, name="message_choose"),
 ]

@@ -32,7 +32,7 @@ from generation.metrics import export_loads
 from generation.models import Conversation, Message
 from generation.reaping import message_mark_interrupted
 from generation.refusals import REFUSALS, UNREACHABLE, Refusal, refusal_of
-from generation.selectors import thread
+from generation.selectors import MessageTree, Versions
 from inference.streams import StreamEvent, StreamNotFound, coalesced
 
 # Ask EventSource to reconnect after 1 s (instead of its default 3 s) when a connection drops.
@@ -125,9 +125,14 @@ def answer_events(events: list[StreamEvent]) -> bytes:
 
 
 async def _final_event(message_pk: int, seq: int | None) -> bytes:
-    message = await Message.objects.aget(pk=message_pk)
-    html = await sync_to_async(render_to_string)("generation/_message.html", {"message": message})
+    html = await sync_to_async(_message_html)(message_pk)
     return sse.event(html, name="done", id=seq)
+
+
+def _message_html(message_pk: int) -> str:
+    message = Message.objects.select_related("conversation").get(pk=message_pk)
+    versions = MessageTree(message.conversation).versions(message)
+    return render_to_string("generation/_message.html", {"message": message, "versions": versions})
 
 
 @login_required
@@ -191,24 +196,22 @@ def conversation_settings(request: HtmxHttpRequest, conversation_id: UUID) -> Ht
 @login_required
 @require_POST
 def message_regenerate(request: HtmxHttpRequest, message_id: int) -> HttpResponse:
-    """A new answer to the last prompt, in place of its last answer (which is kept)."""
+    """A new version of an answer, shown in its place; the earlier one stays a click away."""
     answer = get_object_or_404(Message, pk=message_id, conversation__user=request.user, role=Message.Role.ASSISTANT)
     try:
-        new_answer = services.message_regenerate(answer=answer)
-    except services.MessageNotLast as error:
-        return _not_last(request, answer, str(error))
+        services.message_regenerate(answer=answer)
+    except services.CannotRegenerate as error:
+        return _message_refused(request, answer, Refusal(400, None, str(error), None))
     except REFUSALS as error:
         return _message_refused(request, answer, refusal_of(error))
-    if not request.htmx:
-        return redirect(answer.conversation)
-    context = {"messages": [new_answer], "quota": _quota_meter(request)}
-    return render(request, "generation/_answered.html", context)
+    return _branch_shown(request, answer.conversation)
 
 
 @login_required
 @require_POST
 def message_edit(request: HtmxHttpRequest, message_id: int) -> HttpResponse:
-    """Replace the text of the last prompt and answer it again; earlier answers are kept."""
+    """Ask an edited prompt as a new version of it; the earlier prompt and its answers stay
+    as another branch."""
     prompt = get_object_or_404(Message, pk=message_id, conversation__user=request.user, role=Message.Role.USER)
     form = PromptForm(request.POST)
     if not form.is_valid():
@@ -217,20 +220,28 @@ def message_edit(request: HtmxHttpRequest, message_id: int) -> HttpResponse:
         return _message_refused(request, prompt, invalid, edited=form.data.get("prompt", ""))
     text = form.cleaned_data["prompt"]
     try:
-        answer = services.message_edit(prompt=prompt, content=text)
-    except services.MessageNotLast as error:
-        return _not_last(request, prompt, str(error))
+        services.message_edit(prompt=prompt, content=text)
     except REFUSALS as error:
         return _message_refused(request, prompt, refusal_of(error), edited=text)
+    return _branch_shown(request, prompt.conversation)
+
+
+@login_required
+@require_POST
+def message_choose(request: HtmxHttpRequest, message_id: int) -> HttpResponse:
+    """Show another version of a message (◀ ▶), and the branch that follows it."""
+    message = get_object_or_404(Message, pk=message_id, conversation__user=request.user)
+    services.message_choose(message=message)
+    return _branch_shown(request, message.conversation)
+
+
+def _branch_shown(request: HtmxHttpRequest, conversation: Conversation) -> HttpResponse:
+    """The conversation's chosen branch after a change to it: its messages for HTMX (they
+    replace the whole list, since what follows the changed message changes too)."""
     if not request.htmx:
-        return redirect(prompt.conversation)
-    earlier = prompt.conversation.messages.filter(role=Message.Role.ASSISTANT, created_at__gte=prompt.created_at)
-    context = {
-        "messages": [prompt, answer],
-        "replaced": earlier.exclude(pk=answer.pk).last(),
-        "quota": _quota_meter(request),
-    }
-    return render(request, "generation/_answered.html", context)
+        return redirect(conversation)
+    context = {"thread": _thread(conversation), "quota": _quota_meter(request)}
+    return render(request, "generation/_branch.html", context)
 
 
 def _message_refused(
@@ -242,7 +253,8 @@ def _message_refused(
         context["edited"] = edited
     status = _page_status(request, refusal)
     if request.htmx:
-        response = render(request, "generation/_message.html", {"message": message, **context}, status=status)
+        context |= {"thread": _thread(message.conversation), "quota": _quota_meter(request)}
+        response = render(request, "generation/_branch.html", context, status=status)
     else:
         response = _page(request, message.conversation, PromptForm(), context, status=status)
     if refusal.retry_after is not None:
@@ -253,13 +265,6 @@ def _message_refused(
 def _page_status(request: HtmxHttpRequest, refusal: Refusal) -> int:
     """A refusal's status on a page: input it cannot take is 422 for HTMX, which swaps that in."""
     return 422 if refusal.status == 400 and request.htmx else refusal.status
-
-
-def _not_last(request: HtmxHttpRequest, message: Message, error: str) -> HttpResponse:
-    """A Regenerate or Edit of a message that is no longer the last (the page offers neither)."""
-    if request.htmx:
-        return HttpResponse(error, status=400, content_type="text/plain; charset=utf-8")
-    return _page(request, message.conversation, PromptForm(), {"page_error": error}, status=400)
 
 
 def _send(request: HtmxHttpRequest, conversation: Conversation | None) -> HttpResponse:
@@ -277,9 +282,10 @@ def _send(request: HtmxHttpRequest, conversation: Conversation | None) -> HttpRe
     conversation = sending
     if not request.htmx:
         return redirect(conversation)
+    tree = MessageTree(conversation)
     context = {
         "conversation": conversation,
-        "messages": [prompt, answer],
+        "sent": [(message, tree.versions(message)) for message in (prompt, answer)],
         "form": PromptForm(),
         "is_new": is_new,
         "quota": _quota_meter(request),
@@ -338,12 +344,10 @@ def _page(
     return render(request, "generation/chat.html", context | (extra or {}), status=status)
 
 
-def _thread(conversation: Conversation) -> list[tuple[Message, bool]]:
-    """The messages shown, and whether a later prompt follows each: only the last prompt
-    can be edited and only its answer regenerated."""
-    shown = thread(conversation)
-    last_prompt = max((i for i, message in enumerate(shown) if message.role == Message.Role.USER), default=-1)
-    return [(message, i < last_prompt) for i, message in enumerate(shown)]
+def _thread(conversation: Conversation) -> list[tuple[Message, Versions]]:
+    """The chosen branch's messages, each with its versions (for "◀ 2/3 ▶")."""
+    tree = MessageTree(conversation)
+    return [(message, tree.versions(message)) for message in tree.thread()]
 
 
 def _header_context(conversation: Conversation) -> dict[str, Any]:
