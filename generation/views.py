@@ -14,6 +14,7 @@ from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
 from django.db import connection
+from django.forms.models import model_to_dict
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
@@ -56,7 +57,7 @@ def chat(request: HtmxHttpRequest) -> HttpResponse:
     """A new, empty chat; its first prompt creates the conversation."""
     if request.method == "POST":
         return _send(request, None)
-    return _page(request, None, PromptForm())
+    return _page(request, None, PromptForm(), {"settings_form": _new_chat_settings_form(request)})
 
 
 @login_required
@@ -269,16 +270,18 @@ def _page_status(request: HtmxHttpRequest, refusal: Refusal) -> int:
 
 def _send(request: HtmxHttpRequest, conversation: Conversation | None) -> HttpResponse:
     form = PromptForm(request.POST)
-    if not form.is_valid():
-        return _refuse(request, conversation, form, status=422)
     is_new = conversation is None
     # A new conversation is saved only once its first answer is admitted: a refused send
     # leaves nothing behind for this user's other requests to trip over.
-    sending = services.conversation_new(user=request.user) if conversation is None else conversation
+    new_settings = _new_chat_settings_form(request, request.POST) if is_new else None
+    if not form.is_valid() or (new_settings is not None and not new_settings.is_valid()):
+        return _refuse(request, conversation, form, status=422, settings_form=new_settings)
+    sending = new_settings.instance if new_settings is not None else conversation
+    assert sending is not None
     try:
         prompt, answer = services.message_send(conversation=sending, prompt=form.cleaned_data["prompt"])
     except REFUSALS as error:
-        return _refuse_generation(request, conversation, form, refusal_of(error))
+        return _refuse_generation(request, conversation, form, refusal_of(error), settings_form=new_settings)
     conversation = sending
     if not request.htmx:
         return redirect(conversation)
@@ -302,23 +305,33 @@ def _refuse_generation(
     conversation: Conversation | None,
     form: PromptForm,
     refusal: Refusal,
+    *,
+    settings_form: ConversationSettingsForm | None = None,
 ) -> HttpResponse:
     """Say in words why the answer could not start; the prompt stays in the box."""
     form.add_error(None, refusal.words)
-    response = _refuse(request, conversation, form, status=_page_status(request, refusal))
+    status = _page_status(request, refusal)
+    response = _refuse(request, conversation, form, status=status, settings_form=settings_form)
     if refusal.retry_after is not None:
         response["Retry-After"] = str(refusal.retry_after)
     return response
 
 
 def _refuse(
-    request: HtmxHttpRequest, conversation: Conversation | None, form: PromptForm, *, status: int
+    request: HtmxHttpRequest,
+    conversation: Conversation | None,
+    form: PromptForm,
+    *,
+    status: int,
+    settings_form: ConversationSettingsForm | None = None,
 ) -> HttpResponse:
+    """The prompt back in its box with what went wrong (and a new chat's settings as chosen)."""
+    extra = {"settings_form": settings_form} if settings_form is not None else {}
     if request.htmx:
-        context = {"conversation": conversation, "form": form, "quota": _quota_meter(request)}
+        context = {"conversation": conversation, "form": form, "quota": _quota_meter(request), **extra}
         response = render(request, "generation/_refused.html", context, status=status)
         return reswap(retarget(response, "#composer"), "outerHTML")
-    return _page(request, conversation, form, status=status)
+    return _page(request, conversation, form, extra, status=status)
 
 
 def _page(
@@ -357,6 +370,21 @@ def _header_context(conversation: Conversation) -> dict[str, Any]:
 def _settings_form(request: HtmxHttpRequest, conversation: Conversation, data: Any = None) -> ConversationSettingsForm:
     limit = account_for(request.user).limits.max_tokens_per_request
     return ConversationSettingsForm(data, instance=conversation, max_tokens_limit=limit)
+
+
+def _new_chat_settings_form(request: HtmxHttpRequest, posted: Any = None) -> ConversationSettingsForm:
+    """The settings of a chat not started yet: its fields belong to the composer's form, so
+    the first prompt carries them and they apply from the first answer. A field not sent
+    keeps its default."""
+    conversation = services.conversation_new(user=request.user)
+    data = None
+    if posted is not None:
+        defaults = model_to_dict(conversation, fields=ConversationSettingsForm.Meta.fields)
+        data = {name: posted.get(name, default) for name, default in defaults.items()}
+    form = _settings_form(request, conversation, data)
+    for field in form.fields.values():
+        field.widget.attrs["form"] = "composer"
+    return form
 
 
 @dataclass(frozen=True)

@@ -280,11 +280,69 @@ def test_the_max_tokens_limit_follows_the_users_plan(alice, alice_client):
     assert 'max="64"' in page and "1 to 64 on your plan." in page
 
 
-def test_settings_are_shown_on_a_conversation_but_not_on_a_new_chat(alice, alice_client):
+def test_settings_are_shown_on_a_conversation_and_on_a_new_chat(alice, alice_client):
     conversation = Conversation.objects.create(user=alice, model=settings.CHAT_MODEL, max_tokens=99)
-    assert 'id="settings"' not in alice_client.get(reverse("generation:chat")).content.decode()
     page = alice_client.get(conversation.get_absolute_url()).content.decode()
     assert "<summary>Settings</summary>" in page and 'value="99"' in page
+    new_chat = alice_client.get(reverse("generation:chat")).content.decode()
+    # Its fields belong to the composer, so the first prompt carries them.
+    for field in ("model", "system_prompt", "temperature", "max_tokens"):
+        assert re.search(
+            rf'<(select|textarea|input)[^>]*name="{field}"[^>]*form="composer"|'
+            rf'<(select|textarea|input)[^>]*form="composer"[^>]*name="{field}"',
+            new_chat,
+        )
+    assert 'value="512"' in new_chat and 'value="0.2"' in new_chat
+
+
+def test_settings_chosen_on_a_new_chat_apply_to_its_first_answer(alice, alice_client, seen):
+    data = settings_data(system_prompt="Answer like a pirate.", temperature=0.9, max_tokens=6)
+
+    response = alice_client.post(reverse("generation:chat"), {"prompt": "Ahoy?", **data}, **HTMX)
+
+    assert response.status_code == 200
+    conversation = Conversation.objects.get(user=alice)
+    assert (conversation.system_prompt, conversation.temperature, conversation.max_tokens) == (
+        "Answer like a pirate.",
+        0.9,
+        6,
+    )
+    answer = settle(newest_answer(conversation))
+    assert answer.completion_tokens == 6
+    messages, params = seen[-1]
+    assert messages == [
+        {"role": "system", "content": "Answer like a pirate."},
+        {"role": "user", "content": "Ahoy?"},
+    ]
+    assert params.temperature == 0.9 and params.max_tokens == 6
+    assert 'value="6"' in response.content.decode()  # the conversation's own settings panel
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "error"),
+    [
+        ({"temperature": 3}, "temperature", "Temperature is between 0 and 2."),
+        ({"temperature": "hot"}, "temperature", "Enter a number."),
+        ({"max_tokens": 1025}, "max_tokens", "Your plan allows at most 1024 tokens per answer."),
+        ({"model": "gpt-9"}, "model", "Select a valid choice. gpt-9 is not one of the available choices."),
+        ({"system_prompt": "x" * 4001}, "system_prompt", "The system prompt is at most 4000 characters."),
+    ],
+)
+def test_bad_settings_on_a_new_chat_are_refused_and_nothing_is_started(alice, alice_client, seen, change, field, error):
+    data = {"prompt": "Keep this prompt", **settings_data(**change)}
+
+    by_htmx = alice_client.post(reverse("generation:chat"), data, **HTMX)
+    without_js = alice_client.post(reverse("generation:chat"), data)
+
+    assert by_htmx.status_code == 422 and without_js.status_code == 422
+    for response in (by_htmx, without_js):
+        page = response.content.decode()
+        assert '<details id="settings" class="settings disclosure" open>' in page
+        errors = re.search(rf'<ul class="errorlist" id="id_{field}_error">(.*?)</ul>', page, re.S)
+        assert errors and error in errors.group(1)
+        assert "Keep this prompt</textarea>" in page
+    assert '<div id="conversation-top" hx-swap-oob="true">' in by_htmx.content.decode()
+    assert not Conversation.objects.filter(user=alice).exists() and seen == []
 
 
 def test_new_conversations_keep_the_default_settings(alice, alice_client, fast_engine):
