@@ -359,8 +359,15 @@ def message_stop(*, message: Message) -> bool:
 
 
 def _first_prompt_title(prompt: str) -> str:
-    """A new conversation's title until the model has given it a better one."""
-    return " ".join(prompt.split())[:TITLE_LENGTH]
+    """A new conversation's title, and what it keeps when the model's attempt is no title:
+    the first prompt's words, as many whole words as fit."""
+    title = " ".join(prompt.split())
+    if len(title) <= TITLE_LENGTH:
+        return title
+    cut = title[: TITLE_LENGTH - 1]
+    if " " in cut:
+        cut = cut.rsplit(" ", 1)[0]  # whole words only
+    return cut.rstrip(" ,;:.-") + "…"
 
 
 TITLE_REQUEST = "Write a title of three to six words for this conversation. Reply with the title only."
@@ -404,18 +411,68 @@ TITLE_PARAMS = GenerationParams(max_tokens=16, temperature=0.0)
 
 
 def conversation_save_title(conversation_id: uuid.UUID, replacing: str, result: GenerationResult) -> None:
-    """Save a generated title, unless the conversation was renamed meanwhile."""
-    title = clean_title(result.text) if result.status == "complete" else ""
+    """Save a generated title, unless the conversation was renamed meanwhile or the model's
+    attempt is no title (then the first prompt's words stay)."""
+    # A title that ran into the token limit was cut off mid-phrase.
+    finished = result.status == "complete" and result.finish_reason == "stop"
+    title = clean_title(result.text) if finished else ""
     if title:
         # update() leaves updated_at alone: a new title does not move the conversation up.
         Conversation.objects.filter(pk=conversation_id, title=replacing).update(title=title)
 
 
+TITLE_MAX_WORDS = 8
+# What small models answer instead of a title: lead-ins, refusals, placeholders.
+_LEAD_IN = re.compile(
+    r"^(sure|certainly|of course|okay|ok|here(\s+is|['\u2019]s|\s+are)"
+    r"|i(['\u2019]d|['\u2019]ll|['\u2019]m| would| will| can| cannot| can't| am)"
+    r"|as an ai|a (good|possible|suitable) title|the title|title suggestions?|suggested title)\b",
+    re.IGNORECASE,
+)
+_LABEL = re.compile(r"^\W*(conversation\s+)?title\s*[:\-\u2013\u2014]\s*", re.IGNORECASE)
+_GENERIC_TITLES = frozenset(
+    {
+        "title",
+        "new chat",
+        "chat",
+        "conversation",
+        "a conversation",
+        "the conversation",
+        "conversation title",
+        "untitled",
+        "no title",
+        "question",
+        "questions",
+        "help",
+        "hello",
+        "hi",
+        "greeting",
+        "greetings",
+    }
+)
+_QUOTES = "\"'`\u2018\u2019\u201c\u201d"
+# A title does not end on these: the model was cut off, or wrote a sentence.
+_DANGLING = frozenset({"a", "an", "the", "to", "of", "and", "or", "for", "with", "in", "on", "is", "are"})
+
+
 def clean_title(text: str) -> str:
-    """The model's title without a lead-in line, quotes, a "Title:" label or a full stop."""
-    lines = [line for line in text.splitlines() if line.strip()]
+    """The model's title, tidied (no "Title:" label, quotes, Markdown or full stop), or ""
+    when what it wrote is no title: empty, a lead-in or refusal, generic, unfinished, or
+    longer than a title (TITLE_MAX_WORDS words, TITLE_LENGTH characters)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
     # Small models often announce the title ("Here's a title:") on a line of its own.
-    line = next((line for line in lines if not line.rstrip().endswith(":")), lines[0] if lines else "")
-    line = re.sub(r"^\W*title\s*:\s*", "", line.strip(), flags=re.IGNORECASE)
-    line = line.strip().strip("\"'*#` \u2018\u2019\u201c\u201d").rstrip(".")
-    return line[:TITLE_LENGTH].strip()
+    line = next((line for line in lines if not line.endswith(":")), "")
+    if _LEAD_IN.match(line) and ":" in line:
+        line = line.rsplit(":", 1)[1]  # "Sure! Here is a title: Lisbon in May"
+    line = _LABEL.sub("", line).strip().strip("*#_ ").strip()
+    if line.count('"') % 2 or sum(line.count(quote) for quote in "\u201c\u201d") % 2:
+        return ""  # an opened quote never closed: cut off
+    line = line.strip(_QUOTES + "*_ ").rstrip(".").strip()
+    words = line.split()
+    if not words or _LEAD_IN.match(line) or line.lower().rstrip("!?") in _GENERIC_TITLES:
+        return ""
+    if len(words) > TITLE_MAX_WORDS or len(line) > TITLE_LENGTH or words[-1].lower() in _DANGLING:
+        return ""
+    if line.endswith((",", ";", ":", "-")):
+        return ""
+    return line
