@@ -19,6 +19,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonRespons
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
 from django.urls import reverse
+from django.utils.http import content_disposition_header
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect, push_url, reswap, retarget
@@ -26,9 +27,9 @@ from django_htmx.middleware import HtmxDetails
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from accounts.services import account_for, quota_for
-from generation import runtime, services, sse
+from generation import runtime, services, sse, transfer
 from generation.backends import backend
-from generation.forms import ConversationRenameForm, ConversationSettingsForm, PromptForm
+from generation.forms import ConversationImportForm, ConversationRenameForm, ConversationSettingsForm, PromptForm
 from generation.metrics import export_loads
 from generation.models import Conversation, Message
 from generation.reaping import message_mark_interrupted
@@ -174,6 +175,60 @@ def conversation_delete(request: HtmxHttpRequest, conversation_id: UUID) -> Http
     if request.htmx:
         return HttpResponseClientRedirect(reverse("generation:chat"))
     return redirect("generation:chat")
+
+
+@login_required
+@require_GET
+def conversation_export_markdown(request: HtmxHttpRequest, conversation_id: UUID) -> HttpResponse:
+    """The branch shown, as Markdown to read."""
+    found = get_object_or_404(Conversation, id=conversation_id, user=request.user)
+    response = HttpResponse(transfer.conversation_markdown(found), content_type="text/markdown; charset=utf-8")
+    return _attachment(response, transfer.download_name(found, "md"))
+
+
+@login_required
+@require_GET
+def conversation_export_json(request: HtmxHttpRequest, conversation_id: UUID) -> HttpResponse:
+    """The conversation with every branch, as JSON that the import takes back."""
+    found = get_object_or_404(Conversation, id=conversation_id, user=request.user)
+    return _attachment(_json_download(transfer.conversation_document(found)), transfer.download_name(found, "json"))
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def your_data(request: HtmxHttpRequest) -> HttpResponse:
+    """Export all of one's data; import a conversation exported as JSON (as a new one)."""
+    posted = request.method == "POST"
+    form = ConversationImportForm(request.POST, request.FILES) if posted else ConversationImportForm()
+    if posted and form.is_valid():
+        try:
+            document = transfer.conversation_document_parse(form.cleaned_data["file"].read())
+            limit = account_for(request.user).limits.max_tokens_per_request
+            imported = transfer.conversation_import(
+                user=request.user, document=document, models=backend().models(), max_tokens=limit
+            )
+        except transfer.ImportRefused as refused:
+            form.add_error("file", str(refused))
+        else:
+            return redirect(imported)
+    context = {"import_form": form, "conversation_count": request.user.conversations.count()}
+    return render(request, "generation/your_data.html", context, status=400 if form.errors else 200)
+
+
+@login_required
+@require_GET
+def your_data_export(request: HtmxHttpRequest) -> HttpResponse:
+    """Every conversation of the user, every branch, in one JSON download."""
+    return _attachment(_json_download(transfer.user_document(request.user)), "chatsite-data.json")
+
+
+def _json_download(document: dict[str, Any]) -> HttpResponse:
+    return JsonResponse(document, json_dumps_params={"ensure_ascii": False, "indent": 2})
+
+
+def _attachment(response: HttpResponse, filename: str) -> HttpResponse:
+    response["Content-Disposition"] = content_disposition_header(True, filename)
+    return response
 
 
 @login_required
