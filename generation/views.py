@@ -432,6 +432,9 @@ def _new_chat_settings_form(request: HtmxHttpRequest, posted: Any = None) -> Con
     the first prompt carries them and they apply from the first answer. A field not sent
     keeps its default."""
     conversation = services.conversation_new(user=request.user)
+    # A plan that allows fewer tokens than the default starts there, not with an error.
+    limit = account_for(request.user).limits.max_tokens_per_request
+    conversation.max_tokens = min(conversation.max_tokens, limit)
     data = None
     if posted is not None:
         defaults = model_to_dict(conversation, fields=ConversationSettingsForm.Meta.fields)

@@ -295,6 +295,16 @@ def test_settings_are_shown_on_a_conversation_and_on_a_new_chat(alice, alice_cli
     assert 'value="512"' in new_chat and 'value="0.2"' in new_chat
 
 
+def test_a_plan_below_the_default_max_tokens_starts_new_chats_at_its_limit(alice, alice_client, fast_engine):
+    Account.objects.filter(pk=account_for(alice).pk).update(max_tokens_per_request=64)
+
+    assert 'value="64"' in alice_client.get(reverse("generation:chat")).content.decode()
+    response = alice_client.post(reverse("generation:chat"), {"prompt": "Hello"}, **HTMX)
+
+    assert response.status_code == 200
+    assert Conversation.objects.get(user=alice).max_tokens == 64
+
+
 def test_settings_chosen_on_a_new_chat_apply_to_its_first_answer(alice, alice_client, seen):
     data = settings_data(system_prompt="Answer like a pirate.", temperature=0.9, max_tokens=6)
 
