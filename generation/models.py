@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from django.conf import settings
 from django.core.validators import MinValueValidator
@@ -69,6 +70,19 @@ class Message(models.Model):
 
     def __str__(self) -> str:
         return f"{self.role}: {self.content[:40]}"
+
+    def save(self, *args: Any, root: bool = False, **kwargs: Any) -> None:
+        """Save; a new message given no parent continues the branch shown (as messages
+        written by a script or an older caller always did), unless it is a `root`: a
+        first prompt, or a version of one."""
+        appended = self._state.adding and self.parent_id is None and not root
+        leaf = self.conversation.current_leaf_id if appended else None
+        if appended:
+            last = self.conversation.messages.order_by("-created_at", "-id").first()
+            self.parent_id = leaf or (last.pk if last else None)
+        super().save(*args, **kwargs)
+        if leaf is not None:  # the branch shown grows by this message
+            Conversation.objects.filter(pk=self.conversation_id, current_leaf_id=leaf).update(current_leaf=self)
 
     @property
     def streaming(self) -> bool:

@@ -280,7 +280,8 @@ def message_edit(*, prompt: Message, content: str, channel: str = "ui") -> tuple
     history = [*chat_history(conversation, earlier), {"role": "user", "content": content}]
     admitted = _answer_admit(conversation, history, channel=channel)
     with transaction.atomic():
-        edited = conversation.messages.create(role=Message.Role.USER, content=content, parent=prompt.parent)
+        edited = Message(conversation=conversation, role=Message.Role.USER, content=content, parent=prompt.parent)
+        edited.save(root=True)  # a version of a first prompt has no parent either
         answer = _answer_create(conversation, admitted, edited)
     try:
         _answer_submit(answer, admitted)

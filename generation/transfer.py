@@ -234,21 +234,22 @@ def conversation_import(
     saved: list[Message] = []
     for item in document.messages:
         status = Message.Status.INTERRUPTED if item.status == Message.Status.STREAMING else item.status
-        saved.append(
-            conversation.messages.create(
-                parent=saved[item.parent] if item.parent is not None else None,
-                role=item.role,
-                content=item.content,
-                status=status,
-                model=item.model,
-                prompt_tokens=item.prompt_tokens,
-                completion_tokens=item.completion_tokens,
-                ttft_ms=item.ttft_ms,
-                duration_ms=item.duration_ms,
-                finish_reason=item.finish_reason,
-                error=item.error,
-            )
+        message = Message(
+            conversation=conversation,
+            parent=saved[item.parent] if item.parent is not None else None,
+            role=item.role,
+            content=item.content,
+            status=status,
+            model=item.model,
+            prompt_tokens=item.prompt_tokens,
+            completion_tokens=item.completion_tokens,
+            ttft_ms=item.ttft_ms,
+            duration_ms=item.duration_ms,
+            finish_reason=item.finish_reason,
+            error=item.error,
         )
+        message.save(root=True)  # parents as the file says, first prompts included
+        saved.append(message)
     current = saved[document.current] if document.current is not None else saved[-1]
     Conversation.objects.filter(pk=conversation.pk).update(current_leaf=MessageTree(conversation).newest_leaf(current))
     conversation.refresh_from_db()

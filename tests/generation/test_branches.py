@@ -135,6 +135,19 @@ def test_an_answer_without_a_prompt_cannot_be_regenerated_and_says_so(alice, ali
     assert conversation.messages.count() == 1
 
 
+def test_messages_written_without_a_parent_continue_the_branch_shown(alice):
+    conversation = Conversation.objects.create(user=alice, model="m")
+    for role, text in [("user", "Q1"), ("assistant", "A1"), ("user", "Q2"), ("assistant", "A2")]:
+        conversation.messages.create(role=role, content=text)
+    assert contents(conversation) == ["Q1", "A1", "Q2", "A2"]
+
+    services.message_choose(message=conversation.messages.get(content="A1"))
+    conversation.refresh_from_db()
+    conversation.messages.create(role="user", content="Q3")
+
+    assert contents(conversation) == ["Q1", "A1", "Q2", "A2", "Q3"]
+
+
 def test_the_migration_keeps_existing_conversations_linear_with_regenerated_answers_as_versions(django_user_model):
     executor = MigrationExecutor(connection)
     executor.migrate([("generation", "0003_upstreamendpoint")])

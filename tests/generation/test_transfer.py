@@ -26,7 +26,8 @@ def branched(user) -> Conversation:
     add = conversation.messages.create
     old_prompt = add(role="user", content="Name a colour")
     add(role="assistant", parent=old_prompt, content="Red", completion_tokens=1)
-    prompt = add(role="user", content="Name a warm colour")
+    prompt = Message(conversation=conversation, role="user", content="Name a warm colour")
+    prompt.save(root=True)  # an edited first prompt: a version of it, with no parent either
     add(role="assistant", parent=prompt, content="Orange")
     yellow = add(role="assistant", parent=prompt, content="**Yellow**")
     follow = add(role="user", parent=yellow, content="Why?")
