@@ -20,14 +20,15 @@ from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 
 from accounts.models import Account, ApiKey, Plan, UsageDay, UsageRecord
+from accounts.usage_chart import usage_chart
 
 LIMIT_FIELDS = ["requests_per_minute", "tokens_per_day", "max_concurrent_streams", "max_tokens_per_request"]
 
 
 @admin.register(Plan)
 class PlanAdmin(admin.ModelAdmin):
-    list_display = ["name", *LIMIT_FIELDS]
-    list_editable = LIMIT_FIELDS
+    list_display = ["name", *LIMIT_FIELDS, "priority"]
+    list_editable = [*LIMIT_FIELDS, "priority"]
     search_fields = ["name"]
 
 
@@ -174,6 +175,10 @@ class UsageRecordAdmin(admin.ModelAdmin):
                 ]
             )
         return response
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        """The ledger, under a chart of the last 30 days' tokens per day per plan."""
+        return super().changelist_view(request, {"usage_chart": usage_chart(), **(extra_context or {})})
 
     def get_urls(self) -> list[URLPattern]:
         daily = path(

@@ -6,6 +6,7 @@ import secrets
 from dataclasses import dataclass
 
 from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
@@ -19,6 +20,15 @@ class Plan(models.Model):
     tokens_per_day = models.PositiveIntegerField(default=200_000)
     max_concurrent_streams = models.PositiveIntegerField(default=2)
     max_tokens_per_request = models.PositiveIntegerField(default=1024)
+    # Waiting generations are taken by priority first, then in turns across users
+    # (inference/fair_queue.py); equal priorities (the default) are simply taken in turns.
+    priority = models.SmallIntegerField(
+        default=0,
+        # SQLite would store any integer; checked here as PostgreSQL checks it, on every database.
+        validators=[MinValueValidator(-32768), MaxValueValidator(32767)],
+        help_text="Higher is served first when generations wait for room: a plan at 10 is taken before one at 0. "
+        "Plans of equal priority take turns, user by user.",
+    )
 
     class Meta:
         ordering = ["name"]

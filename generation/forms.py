@@ -8,9 +8,14 @@ from django.core.validators import MaxValueValidator
 
 from generation.backends import backend
 from generation.models import Conversation
+from generation.search import MAX_QUERY_CHARS as MAX_SEARCH_CHARS
+from generation.search import search_terms
 
 MAX_PROMPT_CHARS = 32_000
 MAX_SYSTEM_PROMPT_CHARS = 4_000
+CONVERSATIONS_PER_PAGE = 100
+# Past 10,000 pages (a million conversations) a request is a mistake, not a reader.
+MAX_CONVERSATION_PAGES = 10_000
 
 
 def validate_unicode(text: str) -> None:
@@ -103,3 +108,37 @@ class ConversationSettingsForm(forms.ModelForm):
         )
         max_tokens.widget.attrs["max"] = max_tokens_limit
         max_tokens.help_text = f"1 to {max_tokens_limit} on your plan."
+
+
+class SearchForm(forms.Form):
+    """A search of one's own conversations: a few words, no search syntax."""
+
+    q = forms.CharField(
+        label="Search conversations",
+        required=False,
+        strip=True,
+        max_length=MAX_SEARCH_CHARS,
+        validators=[validate_unicode],
+        error_messages={"max_length": "Search for at most %(limit_value)d characters (this is %(show_value)d)."},
+    )
+
+    def clean_q(self) -> str:
+        query: str = self.cleaned_data["q"]
+        if query and not search_terms(query):
+            raise ValidationError("Search for a word or a number.", code="no_words")
+        return query
+
+
+class ConversationPageForm(forms.Form):
+    """A page of the sidebar's conversation list beyond the first (CONVERSATIONS_PER_PAGE each)."""
+
+    page = forms.IntegerField(
+        min_value=2,
+        max_value=MAX_CONVERSATION_PAGES,
+        error_messages={
+            "required": "Say which page of conversations.",
+            "invalid": "A page is a whole number.",
+            "min_value": "Pages of conversations start at 2 here; the chat page shows the first.",
+            "max_value": f"There are at most {MAX_CONVERSATION_PAGES} pages of conversations.",
+        },
+    )

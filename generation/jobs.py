@@ -49,6 +49,8 @@ def job_for(task: GenerationTask, *, on_done: Callable[[GenerationResult], None]
         on_progress=engine_thread_task(on_progress) if on_progress else None,
         on_finish=engine_thread_task(finish),
         ahead=task.ahead,
+        priority=task.priority,
+        owner=task.owner,
     )
 
 

@@ -93,7 +93,8 @@ def generation_admit(
         raise UnknownModel(f"The model {model!r} does not exist.")
     if unsupported := sorted(params.extra.keys() - runner.features(model)):
         raise InvalidRequest(f"The model {model!r} does not support {unsupported[0]}.", param=unsupported[0])
-    limits = account_for(user).limits
+    account = account_for(user)
+    limits = account.limits
     requests = usage_request_count(user=user, limits=limits, requested_max_tokens=requested_max_tokens)
     prompt_tokens = runner.count_prompt_tokens(model, prompt)
     try:
@@ -108,6 +109,8 @@ def generation_admit(
         prompt,
         replace(params, max_tokens=max_tokens),
         request_id=logs.request_id(),
+        priority=account.plan.priority,
+        owner=str(user.pk),
     )
     logs.annotate(model=model, stream_id=task.stream_id)
     if start_early and runner.starts_early(model):
@@ -399,6 +402,8 @@ def conversation_title_start(*, answer_id: int) -> bool:
         {"role": "user", "content": TITLE_REQUEST},
     ]
     save = partial(conversation_save_title, conversation.pk, conversation.title)
+    # No owner of its own: all titles wait as one owner, so together they take one turn
+    # among the users' answers (inference/fair_queue.py).
     job = Job(f"title-{uuid.uuid4().hex}", prompt, TITLE_PARAMS, on_finish=engine_thread_task(save))
     try:
         runtime.local_engine(conversation.model).submit(job)

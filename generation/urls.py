@@ -6,6 +6,8 @@ app_name = "generation"
 
 urlpatterns = [
     path("", views.chat, name="chat"),
+    path("conversations/", views.conversation_list, name="conversation_list"),
+    path("search/", views.conversation_search, name="search"),
     path("<uuid:conversation_id>/", views.conversation, name="conversation"),
     path("<uuid:conversation_id>/rename/", views.conversation_rename, name="conversation_rename"),
     path("<uuid:conversation_id>/delete/", views.conversation_delete, name="conversation_delete"),

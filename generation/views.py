@@ -3,7 +3,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -26,9 +26,17 @@ from django_htmx.middleware import HtmxDetails
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from accounts.services import account_for, quota_for
-from generation import runtime, services, sse, transfer
+from generation import runtime, search, services, sse, transfer
 from generation.backends import backend
-from generation.forms import ConversationImportForm, ConversationRenameForm, ConversationSettingsForm, PromptForm
+from generation.forms import (
+    CONVERSATIONS_PER_PAGE,
+    ConversationImportForm,
+    ConversationPageForm,
+    ConversationRenameForm,
+    ConversationSettingsForm,
+    PromptForm,
+    SearchForm,
+)
 from generation.metrics import export_loads
 from generation.models import Conversation, Message
 from generation.reaping import message_mark_interrupted
@@ -67,6 +75,48 @@ def conversation(request: HtmxHttpRequest, conversation_id: UUID) -> HttpRespons
     if request.method == "POST":
         return _send(request, found)
     return _page(request, found, PromptForm())
+
+
+@login_required
+@require_GET
+def conversation_list(request: HtmxHttpRequest) -> HttpResponse:
+    """A further page of the sidebar's conversations, newest first, ending in its own Show more."""
+    form = ConversationPageForm(request.GET)
+    if not form.is_valid():
+        return HttpResponse(_first_error(form), status=400, content_type="text/plain; charset=utf-8")
+    page = form.cleaned_data["page"]
+    conversations, more = _conversation_page(request.user, page)
+    if not conversations:
+        return HttpResponse("There is no such page of conversations.\n", status=404, content_type="text/plain")
+    context = {"conversations": conversations, "next_page": page + 1 if more else None}
+    if request.htmx:
+        return render(request, "generation/_conversation_page.html", context)
+    return _page(request, None, PromptForm(), context)
+
+
+@login_required
+@require_GET
+def conversation_search(request: HtmxHttpRequest) -> HttpResponse:
+    """The user's own conversations whose title or messages contain the words searched for."""
+    form = SearchForm(request.GET)
+    context: dict[str, Any] = {"search_form": form, "hits": []}
+    status = 200
+    if not form.is_valid():
+        status = 422 if request.htmx else 400
+    elif form.cleaned_data["q"]:
+        try:
+            context["hits"] = search.conversation_search(
+                user=request.user, terms=search.search_terms(form.cleaned_data["q"])
+            )
+        except search.SearchUnavailable as error:
+            context["search_error"], status = str(error), 503
+    if request.htmx:
+        return render(request, "generation/_search_results.html", context, status=status)
+    return _page(request, None, PromptForm(), context, status=status)
+
+
+def _first_error(form: Any) -> str:
+    return next(str(error) for errors in form.errors.values() for error in errors) + "\n"
 
 
 @require_GET
@@ -397,11 +447,12 @@ def _page(
     *,
     status: int = 200,
 ) -> HttpResponse:
+    conversations, more = _conversation_page(request.user, 1)
     context: dict[str, Any] = {
         "conversation": conversation,
-        # One query, rows as plain values: a conversation deleted meanwhile (say by a refused
-        # send in another tab) cannot make this page fetch it again.
-        "conversations": list(request.user.conversations.values("id", "title")[:100]),
+        "conversations": conversations,
+        "next_page": 2 if more else None,
+        "search_form": SearchForm(),
         "thread": _thread(conversation) if conversation else [],
         "form": form,
         "quota": _quota_meter(request),
@@ -410,6 +461,16 @@ def _page(
         context |= _header_context(conversation)
         context["settings_form"] = _settings_form(request, conversation)
     return render(request, "generation/chat.html", context | (extra or {}), status=status)
+
+
+def _conversation_page(user: User, page: int) -> tuple[Sequence[Mapping[str, Any]], bool]:
+    """One page of the user's conversations, newest first, and whether more follow.
+
+    One query, rows as plain values: a conversation deleted meanwhile (say by a refused
+    send in another tab) cannot make the page fetch it again."""
+    start = (page - 1) * CONVERSATIONS_PER_PAGE
+    rows = list(user.conversations.values("id", "title")[start : start + CONVERSATIONS_PER_PAGE + 1])
+    return rows[:CONVERSATIONS_PER_PAGE], len(rows) > CONVERSATIONS_PER_PAGE
 
 
 def _thread(conversation: Conversation) -> list[tuple[Message, Versions]]:

@@ -53,6 +53,10 @@ class GenerationTask:
     ahead: int | None = None
     # The request that started it, named in its log line.
     request_id: str | None = None
+    # Its place in the waiting order (inference/fair_queue.py): the plan's priority and the
+    # user it is for.
+    priority: int = 0
+    owner: str = ""
     # Set when it starts before its admission is written; never travels.
     admission: Admission | None = field(default=None, compare=False)
 

@@ -11,16 +11,17 @@ reader that sees `done` finds the saved message. No Django imports here.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from inference.batching import Sequence, open_batch
+from inference.fair_queue import FairQueue
 from inference.generators import GenerationOutcome, GenerationParams, Generator, Prompt, UnfitPrompt
 from inference.streams import StreamStore
 
@@ -99,6 +100,10 @@ class Job:
     submitted_at: float = field(default_factory=time.monotonic)
     # Generations ahead of it in the queue, as last told to its readers (None: never waited).
     ahead: int | None = None
+    # Its place in the waiting order (inference/fair_queue.py): its plan's priority (higher
+    # goes first) and whose it is (a user's jobs take turns with other users').
+    priority: int = 0
+    owner: str = ""
 
 
 class StopMatcher:
@@ -249,9 +254,11 @@ class _Run:
 class Engine:
     """Runs jobs, up to `max_concurrent` at once, on one loaded generator.
 
-    Beyond that, up to `max_queue` jobs wait in order; each is told how many are ahead of
-    it. While it runs the engine beats as `producer` in the stream store every few seconds,
-    so other processes can tell its unfinished streams from those of a dead process.
+    Beyond that, up to `max_queue` jobs wait, taken by priority, then in turns across
+    owners, then in arrival order (FairQueue); each is told how many are ahead of it, and
+    told again when that changes. While it runs the engine beats as `producer` in the
+    stream store every few seconds, so other processes can tell its unfinished streams
+    from those of a dead process.
     """
 
     # Beats live three periods: a dead engine's (or worker's) runs are found within 6 s,
@@ -282,7 +289,7 @@ class Engine:
         self.load_error: str | None = None
         self.active = 0
         self.generated_tokens = 0
-        self._jobs: deque[Job] = deque()
+        self._jobs: FairQueue[Job] = FairQueue()
         self._lock = threading.Lock()
         self._job_ready = threading.Condition(self._lock)
         # Sequential workers waiting for a job that no submitted job has been promised to yet.
@@ -330,20 +337,29 @@ class Engine:
     def submit(self, job: Job) -> None:
         """Queue a job; refuse it at once when `max_queue` jobs already wait for room.
 
-        A job that has to wait is told how many are ahead of it (a `status` event)."""
+        A job that has to wait is told how many are ahead of it (a `status` event); the
+        waiting jobs it goes ahead of (a user's first among another's many) are told their
+        new places."""
         with self._lock:
             if self._stopping.is_set():
                 raise EngineOverloaded("the server is shutting down")
-            ahead = self.active + len(self._jobs) - self.max_concurrent
-            if ahead >= self.max_queue:
-                raise EngineOverloaded(f"{ahead} generations are already waiting")
+            waiting = self.active + len(self._jobs) - self.max_concurrent
+            if waiting >= self.max_queue:
+                raise EngineOverloaded(f"{waiting} generations are already waiting")
             self.store.create(job.stream_id)
+            self._jobs.append(job)
+            index = self._jobs.index(job)
+            ahead = self.active + index - self.max_concurrent
             # Told unless its readers already know this place (a job queued by a web process
             # of GENERATION_BACKEND=celery comes with the place it was told there).
             if ahead >= 0 and ahead != job.ahead:
+                try:
+                    self.store.append(job.stream_id, "status", {"state": "queued", "ahead": ahead})
+                except Exception:
+                    self._jobs.remove(job)  # refused: it must not run, nor hold a place
+                    raise
                 job.ahead = ahead
-                self.store.append(job.stream_id, "status", {"state": "queued", "ahead": ahead})
-            self._jobs.append(job)
+            news = self._pushed_back(index)
             if self.scheduler == "batched":
                 self._job_ready.notify()
             elif self._free > 0:
@@ -353,6 +369,7 @@ class Engine:
                 worker = threading.Thread(target=self._work, name=f"chatsite-worker-{len(self._workers)}", daemon=True)
                 self._workers.append(worker)
                 worker.start()
+        self._publish_status(news)
         self.start()
 
     def cancel(self, stream_id: str) -> bool:
@@ -402,8 +419,8 @@ class Engine:
                 return
 
     def _take(self, count: int, *, wait: bool, decoding: int | None = None) -> list[Job] | None:
-        """Up to `count` of the oldest jobs, counted as active from now on. With `wait`,
-        blocks until there is one; None once the engine stops and no job is left.
+        """Up to `count` of the jobs first in order, counted as active from now on. With
+        `wait`, blocks until there is one; None once the engine stops and no job is left.
 
         `decoding`: the rows the batch runs now. The waiting jobs' places count from it,
         not from `active`, which still counts the rows that left the batch until their
@@ -457,6 +474,28 @@ class Engine:
         for index, job in enumerate(self._jobs):
             ahead = max(occupied + index - self.max_concurrent, 0)
             if job.ahead is not None and ahead != job.ahead:
+                job.ahead = ahead
+                news.append((job.stream_id, {"state": "queued", "ahead": ahead}))
+        return news
+
+    def _pushed_back(self, index: int) -> list[tuple[str, dict[str, Any]]]:
+        """Status news for the waiting jobs behind a job that joined the queue at `index`:
+        each is one place further back (the queue reorders nothing else); called with the
+        lock held.
+
+        Counted from the place told where there is one: counted from `active`, the place
+        can only be too high (active still counts the rows whose saves are under way, see
+        _take), so it bounds the place told, which a Celery web process may have set."""
+        news: list[tuple[str, dict[str, Any]]] = []
+        for position, job in enumerate(itertools.islice(self._jobs, index + 1, None), start=index + 1):
+            at_most = self.active + position - self.max_concurrent
+            if job.ahead is None:
+                if at_most < 0:
+                    continue  # a row is still free for it
+                ahead = at_most  # it had a free row until now: it waits from here on
+            else:
+                ahead = min(job.ahead + 1, max(at_most, 0))
+            if ahead != job.ahead:
                 job.ahead = ahead
                 news.append((job.stream_id, {"state": "queued", "ahead": ahead}))
         return news

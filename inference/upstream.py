@@ -7,8 +7,9 @@ waits, `token`, `tool_call`, then one `done` or `error`), calling the job's save
 callbacks first, so that readers, resume, Stop and the ledger never know where it ran.
 
 - Routing: the endpoint with the fewest outstanding requests per unit of weight, under
-  its `max_concurrent`; when every endpoint is full the request waits in order (told its
-  place), up to `max_queue` waiting; with no endpoint available at all it is refused.
+  its `max_concurrent`; when every endpoint is full the request waits in line (told its
+  place), taken by priority, then in turns across users (inference/fair_queue.py), up to
+  `max_queue` waiting; with no endpoint available at all it is refused.
 - Failures: a failure before the first token (refused connection, 5xx, timeout) fails
   over to another endpoint, unseen by the client; after it, the stream ends with an
   `error` event and the text so far is kept. `failure_threshold` consecutive failures
@@ -31,7 +32,6 @@ import logging
 import math
 import threading
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -41,6 +41,7 @@ import httpx
 
 from inference.backend import Admission
 from inference.engine import INTERRUPTED, EngineOverloaded, GenerationResult, Job, failure_message
+from inference.fair_queue import FairQueue
 from inference.generators import Prompt
 from inference.streams import StreamStore
 
@@ -210,6 +211,14 @@ class _Run:
     admission: Admission | None = None  # when it started before its admission was written
     max_tokens: int | None = None  # as sent to the server
 
+    @property
+    def priority(self) -> int:
+        return self.job.priority
+
+    @property
+    def owner(self) -> str:
+        return self.job.owner
+
     def capped(self) -> bool:
         """Whether it has the tokens its admission granted, when that is fewer than were asked
         for (counted by the server's chunks, one token each from the usual servers)."""
@@ -242,7 +251,7 @@ class UpstreamPool:
         self.progress_interval_s = progress_interval_s
         self._lock = threading.Lock()
         self._states: dict[str, EndpointState] = {}  # by endpoint name
-        self._waiting: dict[str, deque[_Run]] = {}  # by model
+        self._waiting: dict[str, FairQueue[_Run]] = {}  # by model, in the order they are taken
         self._runs: dict[str, _Run] = {}  # running or waiting, by stream id
         self._stopping = False  # shut_down(): new requests are refused
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -439,20 +448,25 @@ class UpstreamPool:
                     if not candidates:
                         self._leave_line(run)
                         return None
-                    line = self._waiting.setdefault(run.model, deque())
+                    line = self._waiting.setdefault(run.model, FairQueue())
+                    joined = run not in line
+                    if joined:
+                        line.append(run)
                     free = [s for s in candidates if s.outstanding < s.endpoint.max_concurrent]
-                    if free and (not line or line[0] is run):
+                    if free and line[0] is run:
                         chosen = min(free, key=lambda s: (s.outstanding + 1) / s.endpoint.weight)
                         chosen.outstanding += 1
                         chosen.requests += 1
                         chosen.circuit.taken()
-                        self._leave_line(run)
+                        line.popleft()
                         news = told is not None
                     else:
-                        if run not in line:
-                            line.append(run)
                         ahead = line.index(run)
                         chosen, news = None, False
+                    # The others' places moved: it left the line, or joined it ahead of some.
+                    moved = len(line) > 0 if chosen is not None else joined and len(line) > ahead + 1
+                if moved:
+                    self._room.notify_all()
                 if chosen is not None:
                     run.taken_at = run.taken_at or time.monotonic()
                     if news:
@@ -463,10 +477,13 @@ class UpstreamPool:
                     self._append(run.job.stream_id, "status", {"state": "queued", "ahead": ahead})
                 await self._room.wait()
 
-    def _leave_line(self, run: _Run) -> None:
+    def _leave_line(self, run: _Run) -> bool:
+        """Take a run out of its model's line without its turn; whether it was in it."""
         line = self._waiting.get(run.model)
         if line is not None and run in line:
             line.remove(run)
+            return True
+        return False
 
     async def _release(self, state: EndpointState) -> None:
         with self._lock:
@@ -587,7 +604,9 @@ class UpstreamPool:
     def _finish(self, run: _Run, failure: UpstreamFailed | None) -> None:
         with self._lock:
             self._runs.pop(run.job.stream_id, None)
-            self._leave_line(run)
+            waited = self._leave_line(run)
+        if waited:
+            self._wake()  # the runs that waited behind it are told their new places
         text = "".join(run.pieces)
         usage = run.usage or {}
         count = run.count_tokens or estimate_tokens

@@ -14,6 +14,8 @@ from django.utils import timezone
 from accounts.models import Plan, UsageRecord
 from accounts.services import account_for, api_key_create, usage_rollup
 from generation.models import Conversation, Message
+from generation.services import generation_admit
+from inference.generators import GenerationParams
 
 pytestmark = pytest.mark.django_db
 
@@ -75,11 +77,53 @@ def test_plan_limits_are_editable_in_the_list(admin_client):
             "tokens_per_day": 1000,
             "max_concurrent_streams": 1,
             "max_tokens_per_request": 64,
+            "priority": 0,
         },
     )
     assert response.status_code == 302
     plan.refresh_from_db()
     assert plan.requests_per_minute == 7 and plan.max_tokens_per_request == 64
+
+
+PLAN_FORM = {
+    "name": "gold",
+    "requests_per_minute": 20,
+    "tokens_per_day": 1000,
+    "max_concurrent_streams": 2,
+    "max_tokens_per_request": 64,
+}
+
+
+def test_plan_priority_is_set_in_admin_and_reaches_the_users_generations(admin_client, alice, settings, fast_engine):
+    assert Plan.objects.get(name="default").priority == 0  # as before: everyone waits alike
+    page = admin_client.get(reverse("admin:accounts_plan_changelist")).content.decode()
+    assert 'name="form-0-priority"' in page
+    response = admin_client.post(reverse("admin:accounts_plan_add"), {**PLAN_FORM, "priority": 10})
+    assert response.status_code == 302
+    gold = Plan.objects.get(name="gold")
+    assert gold.priority == 10
+    account = account_for(alice)
+    account.plan = gold
+    account.save()
+
+    admitted = generation_admit(
+        user=alice,
+        channel="api",
+        model=settings.CHAT_MODEL,
+        prompt="Hi",
+        params=GenerationParams(),
+        requested_max_tokens=None,
+    )
+
+    assert admitted.task.priority == 10 and admitted.task.owner == str(alice.pk)
+
+
+@pytest.mark.parametrize("priority", ["high", "", "40000", "-40000", "1.5"])
+def test_plan_priority_that_is_not_a_small_whole_number_is_refused(admin_client, priority):
+    response = admin_client.post(reverse("admin:accounts_plan_add"), {**PLAN_FORM, "priority": priority})
+    assert response.status_code == 200
+    assert "priority" in response.context["adminform"].form.errors
+    assert not Plan.objects.filter(name="gold").exists()
 
 
 def test_user_change_page_has_the_account_inline(admin_client, alice):

@@ -36,7 +36,7 @@ def task_for(stream_id: str = "s1", **kwargs) -> GenerationTask:
 
 
 def test_a_task_survives_the_trip_through_json():
-    task = task_for(message_id=12, ahead=3)
+    task = task_for(message_id=12, ahead=3, priority=5, owner="42")
 
     assert GenerationTask.from_json(json.loads(json.dumps(task.to_json()))) == task
 

@@ -6,7 +6,7 @@ import pytest
 from django.template import Context, Template
 from django.utils.safestring import SafeString
 
-from generation.rendering import render_markdown
+from generation.rendering import SANITISER, render_markdown
 
 XSS_PAYLOADS = [
     "<script>alert(1)</script>",
@@ -112,3 +112,51 @@ def test_markdown_filter_renders_in_templates_and_escapes_nothing_twice():
     html = template.render(Context({"text": "**5 > 3** & <b>"}))
 
     assert html == "<p><strong>5 &gt; 3</strong> &amp; &lt;b&gt;</p>"
+
+
+@pytest.mark.parametrize(
+    ("text", "display"),
+    [
+        ("Euler: $e^{i\\pi}+1=0$.", "inline"),
+        ("Inline \\(x^2\\) too.", "inline"),
+        ("$$\\frac{a}{b}$$", "block"),
+        ("\\[\\sum_{i=1}^{n} i\\]", "block"),
+    ],
+)
+def test_math_in_each_delimiter_renders_as_mathml(text, display):
+    html = render_markdown(text)
+
+    assert f'<math display="{display}">' in html
+    assert "<mi>" in html or "<mfrac>" in html
+    assert "$" not in html and "\\(" not in html and "\\[" not in html
+
+
+def test_prices_with_dollar_signs_stay_prose():
+    assert render_markdown("It costs $5 or $10.") == "<p>It costs $5 or $10.</p>"
+
+
+def test_math_inside_code_stays_code():
+    assert render_markdown("`$x$`") == "<p><code>$x$</code></p>"
+
+
+def test_tex_that_cannot_be_converted_stays_visible_as_code():
+    assert render_markdown("$\\frac{$") == "<p><code>\\frac{</code></p>"
+
+
+def test_math_cannot_carry_colours_links_or_markup():
+    html = render_markdown("$\\color{red}{x}\\href{javascript:alert(1)}{y}\\style{color:red}{z} <script>$")
+
+    assert "<math" in html
+    assert "mathcolor" not in html and "href" not in html and "javascript" not in html
+    assert "style=" not in html and "<script" not in html
+    assert "&lt;" in html  # the "<" is a visible operator
+
+
+def test_mathml_with_unknown_elements_or_attributes_is_cut_down_by_the_sanitiser():
+    # As if a converter wrote more than the allow-list: the sanitiser has the last word.
+    cleaned = SANITISER.clean(
+        '<math display="block" onclick="x()"><maction actiontype="toggle"><mi href="http://e.x">a</mi></maction>'
+        '<annotation-xml encoding="text/html"><script>alert(1)</script></annotation-xml></math>'
+    )
+
+    assert cleaned == '<math display="block"><mi>a</mi></math>'
