@@ -46,8 +46,11 @@ def start_with_settings(page, prompt: str) -> None:
 
 
 def send(page, prompt: str) -> None:
+    prompts = page.locator("article[data-role=user]")
+    before = prompts.count()
     page.get_by_label("Message").fill(prompt)
     page.get_by_role("button", name="Send").click()
+    expect(prompts).to_have_count(before + 1)
     wait_complete(page)
 
 
@@ -162,9 +165,7 @@ def test_export_then_import_gives_the_same_conversation_with_its_branches(page, 
     start_with_settings(page, "Pack my bags")
     page.get_by_role("button", name="Regenerate").click()
     wait_complete(page)
-    page.get_by_label("Message").fill("Where to?")
-    page.get_by_role("button", name="Send").click()
-    wait_complete(page)
+    send(page, "Where to?")
 
     page.locator("summary", has_text="Export").click()
     with page.expect_download() as markdown:
