@@ -42,4 +42,4 @@ HEALTHCHECK --interval=30s --timeout=5s --start-period=120s --retries=3 \
   CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/readyz' % os.environ.get('PORT', '8000'), timeout=4)"]
 
 # The model is converted into /data/models on the first start and reused afterwards.
-CMD ["sh", "-c", "python manage.py migrate --noinput && python manage.py ensure_superuser && python manage.py prepare_model && exec daphne --access-log /dev/null --bind 0.0.0.0 --port \"$PORT\" chatsite.asgi:application"]
+CMD ["sh", "-c", "python manage.py migrate --noinput && python manage.py ensure_superuser && python manage.py prepare_model && exec daphne --access-log /dev/null -e tcp:port=\"$PORT\":interface=0.0.0.0:backlog=4096 chatsite.asgi:application"]

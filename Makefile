@@ -32,7 +32,9 @@ run: $(VENV)/.installed
 	$(PY) manage.py ensure_superuser
 	$(PY) manage.py prepare_model
 	# chatsite writes its own access log, one JSON line per request with query values hidden.
-	$(VENV)/bin/daphne --access-log /dev/null --bind 127.0.0.1 --port $(PORT) chatsite.asgi:application
+	# A listen backlog of 4096, not Twisted's 50: a burst of connections is queued, not dropped.
+	$(VENV)/bin/daphne --access-log /dev/null -e tcp:port=$(PORT):interface=127.0.0.1:backlog=4096 \
+	  chatsite.asgi:application
 
 test: $(VENV)/.installed-dev
 	$(PY) -m pytest
@@ -40,7 +42,7 @@ test: $(VENV)/.installed-dev
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy accounts api chatsite generation inference
+	$(VENV)/bin/mypy accounts api chatsite documents generation inference
 	$(VENV)/bin/lint-imports
 
 # Known vulnerabilities in every locked package (PyPI's advisory database). Tried three
@@ -66,7 +68,7 @@ lock: $(VENV)/.installed-dev
 	  requirements.txt requirements-dev.txt bench/requirements.txt
 	$(PY) scripts/lock_extras.py torch requirements.lock requirements-dev.lock bench/requirements.lock
 	# The CUDA image: PyPI's torch and the nvidia-* packages it needs; no local index or wheel.
-	PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= $(PIP_COMPILE) -o requirements-cuda.lock requirements.txt
+	PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= $(PIP_COMPILE) -o requirements-cuda.lock requirements-cuda.txt
 	$(PY) scripts/lock_extras.py nodeps requirements-models.txt requirements-models.lock
 
 # Each writes bench/results/NAME.json; docs/benchmarks.md explains them. Needs Redis for
@@ -77,6 +79,7 @@ bench: $(VENV)/.installed-dev
 	$(PY) -m bench.page
 	$(PY) -m bench.redis_latency
 	$(PY) -m bench.fanout
+	$(PY) -m bench.door
 
 # Concurrent API streams: chatsite's two schedulers and `transformers serve
 # --continuous-batching` (installed once into .cache/peer-venv), each in the default dtype

@@ -19,16 +19,40 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 
+from accounts.key_cache import api_access_changed
 from accounts.models import Account, ApiKey, Plan, UsageDay, UsageRecord
+from accounts.services import api_key_revoke
 from accounts.usage_chart import usage_chart
 
 LIMIT_FIELDS = ["requests_per_minute", "tokens_per_day", "max_concurrent_streams", "max_tokens_per_request"]
+DOCUMENT_LIMIT_FIELDS = ["max_documents_per_conversation", "max_document_bytes"]
+
+
+class ChangesApiAccess(admin.ModelAdmin):
+    """An admin whose saves and deletions change who may use an API key, or with what limits:
+    each makes every process read its remembered keys afresh (accounts.key_cache)."""
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        api_access_changed()
+
+    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+        super().save_related(request, form, formsets, change)  # the user's account, inline
+        api_access_changed()
+
+    def delete_model(self, request: HttpRequest, obj: Any) -> None:
+        super().delete_model(request, obj)
+        api_access_changed()
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        super().delete_queryset(request, queryset)
+        api_access_changed()
 
 
 @admin.register(Plan)
-class PlanAdmin(admin.ModelAdmin):
-    list_display = ["name", *LIMIT_FIELDS, "priority"]
-    list_editable = [*LIMIT_FIELDS, "priority"]
+class PlanAdmin(ChangesApiAccess):
+    list_display = ["name", *LIMIT_FIELDS, "priority", *DOCUMENT_LIMIT_FIELDS]
+    list_editable = [*LIMIT_FIELDS, "priority", *DOCUMENT_LIMIT_FIELDS]
     search_fields = ["name"]
 
 
@@ -51,7 +75,7 @@ admin.site.unregister(User)
 
 
 @admin.register(User)
-class UserAdmin(BaseUserAdmin):
+class UserAdmin(ChangesApiAccess, BaseUserAdmin):  # type: ignore[misc]
     inlines = [AccountInline]
     list_display = ["username", "email", "first_name", "last_name", "is_active", "is_staff", "plan", "date_joined"]
     # "Active: No" lists the accounts awaiting approval (CHAT_SIGNUP=approval).
@@ -71,7 +95,7 @@ class UserAdmin(BaseUserAdmin):
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(admin.ModelAdmin):
+class ApiKeyAdmin(ChangesApiAccess):
     list_display = ["name", "user", "shown_prefix", "created_at", "last_used_at", "revoked_at"]
     list_filter = [("revoked_at", admin.EmptyFieldListFilter), "created_at", "last_used_at"]
     search_fields = ["name", "prefix", "user__username"]
@@ -94,7 +118,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
         keys = list(queryset.filter(revoked_at__isnull=True))
         for key in keys:
-            key.revoke()
+            api_key_revoke(key=key)
         self.message_user(request, f"Revoked {len(keys)} key(s).", messages.SUCCESS)
 
 

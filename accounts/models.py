@@ -29,6 +29,11 @@ class Plan(models.Model):
         help_text="Higher is served first when generations wait for room: a plan at 10 is taken before one at 0. "
         "Plans of equal priority take turns, user by user.",
     )
+    # Documents attached to a conversation (documents/): how many, and how big each file.
+    max_documents_per_conversation = models.PositiveIntegerField(default=20)
+    max_document_bytes = models.PositiveIntegerField(
+        default=2_000_000, help_text="Capped by DATA_UPLOAD_MAX_MEMORY_SIZE, the limit of any request body."
+    )
 
     class Meta:
         ordering = ["name"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 from dataclasses import dataclass
+from functools import partial
 
 from django.contrib.auth.models import User
 from django.db import transaction
@@ -12,6 +13,8 @@ from django.db.models import Case, Count, F, Q, Sum, When
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
+from accounts import key_cache
+from accounts.group_commit import GroupCommit
 from accounts.models import DEFAULT_PLAN, Account, ApiKey, Limits, Plan, UsageDay, UsageRecord, hash_key
 from accounts.rate_limit import WINDOW_S, request_log
 
@@ -132,38 +135,72 @@ def usage_admit(
     figures. Returns the usage record, the max_tokens granted and the quota after
     admission. Raises QuotaExceeded (too_many_concurrent_streams, or insufficient_quota
     when the prompt and one token of answer don't fit in what is left today).
+
+    Admissions arriving together are written in one transaction (accounts.group_commit).
     """
+    admit = partial(
+        _usage_admit_one,
+        user=user,
+        limits=limits,
+        requests=requests,
+        channel=channel,
+        model=model,
+        stream_id=stream_id,
+        producer=producer,
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        api_key=api_key,
+    )
+    return _admissions.run(admit)
+
+
+_admissions: GroupCommit[tuple[UsageRecord, int, Quota]] = GroupCommit()
+
+
+def _usage_admit_one(
+    *,
+    user: User,
+    limits: Limits,
+    requests: int,
+    channel: str,
+    model: str,
+    stream_id: str,
+    producer: str,
+    prompt_tokens: int,
+    max_tokens: int,
+    api_key: ApiKey | None,
+) -> tuple[UsageRecord, int, Quota]:
+    """usage_admit's work, in a transaction that its caller (GroupCommit) holds."""
     now = timezone.now()
-    with transaction.atomic():
-        # Lock the account row so two requests can't both take the last stream or tokens.
-        Account.objects.select_for_update().filter(user=user).first()
-        running = UsageRecord.objects.filter(user=user, status=UsageRecord.Status.STREAMING).count()
-        if running >= limits.max_concurrent_streams:
-            raise QuotaExceeded(
-                "too_many_concurrent_streams",
-                f"At most {limits.max_concurrent_streams} answers can stream at once on your plan.",
-                retry_after=1,
-            )
-        remaining = limits.tokens_per_day - _tokens_today(user, now)
-        if remaining <= prompt_tokens:
-            spent = "used today's" if remaining <= 0 else f"{remaining} left of today's"
-            raise QuotaExceeded(
-                "insufficient_quota",
-                f"This request's prompt is {prompt_tokens} tokens and you have {spent} {limits.tokens_per_day} tokens.",
-                retry_after=_seconds_to_midnight(now),
-            )
-        granted = min(max_tokens, remaining - prompt_tokens)
-        record = UsageRecord.objects.create(
-            user=user,
-            api_key=api_key,
-            channel=channel,
-            model=model,
-            stream_id=stream_id,
-            producer=producer,
-            prompt_tokens=prompt_tokens,
-            reserved_tokens=granted,
-            created_at=now,
+    # Lock the account row so two requests can't both take the last stream or tokens.
+    Account.objects.select_for_update().filter(user=user).first()
+    running = UsageRecord.objects.filter(user=user, status=UsageRecord.Status.STREAMING).count()
+    if running >= limits.max_concurrent_streams:
+        raise QuotaExceeded(
+            "too_many_concurrent_streams",
+            f"At most {limits.max_concurrent_streams} answers can stream at once on your plan.",
+            retry_after=1,
         )
+    remaining = limits.tokens_per_day - _tokens_today(user, now)
+    if remaining <= prompt_tokens:
+        spent = "used today's" if remaining <= 0 else f"{remaining} left of today's"
+        raise QuotaExceeded(
+            "insufficient_quota",
+            f"This request's prompt is {prompt_tokens} tokens and you have {spent} {limits.tokens_per_day} tokens.",
+            retry_after=_seconds_to_midnight(now),
+        )
+    granted = min(max_tokens, remaining - prompt_tokens)
+    record = UsageRecord.objects.create(
+        user=user,
+        api_key=api_key,
+        channel=channel,
+        model=model,
+        stream_id=stream_id,
+        producer=producer,
+        prompt_tokens=prompt_tokens,
+        reserved_tokens=granted,
+        created_at=now,
+    )
     quota = Quota(
         limits=limits,
         requests_remaining=limits.requests_per_minute - requests,
@@ -260,11 +297,28 @@ def api_key_create(*, user: User, name: str) -> tuple[ApiKey, str]:
     return key, plain
 
 
+def api_key_revoke(*, key: ApiKey) -> None:
+    """Revoke a key: refused from the very next request on, by every process."""
+    key.revoke()
+    key_cache.api_access_changed()
+
+
 def api_key_authenticate(plain: str) -> ApiKey | None:
-    """The active key matching `plain`, with its user and their account; marks it used."""
-    keys = ApiKey.objects.select_related("user__account__plan")
-    key = keys.filter(hashed=hash_key(plain), revoked_at__isnull=True).first()
-    if key is None or not key.matches(plain) or not key.user.is_active:
+    """The active key matching `plain`, with its user and their account; marks it used.
+
+    A key seen before comes from this process's memory while the access version is
+    unchanged (accounts.key_cache): a revocation is refused on the very next request.
+    """
+    hashed = hash_key(plain)
+    version = key_cache.access_version()
+    key = key_cache.remembered_key(hashed, version)
+    if key is None:
+        keys = ApiKey.objects.select_related("user__account__plan")
+        key = keys.filter(hashed=hashed, revoked_at__isnull=True).first()
+        if key is None or not key.user.is_active:
+            return None
+        key_cache.remember_key(hashed, version, key)
+    if not key.matches(plain):
         return None
     now = timezone.now()
     # Write last-used at most once a minute: a hot key would otherwise write every request.

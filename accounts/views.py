@@ -21,7 +21,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from accounts.forms import ApiKeyCreateForm, LoginForm
 from accounts.models import ApiKey
-from accounts.services import account_for, api_key_create, quota_for
+from accounts.services import account_for, api_key_create, api_key_revoke, quota_for
 
 
 class AuthenticatedHttpRequest(HttpRequest):
@@ -100,7 +100,7 @@ def keys(request: AuthenticatedHttpRequest) -> HttpResponse:
 @require_POST
 def key_revoke(request: AuthenticatedHttpRequest, key_id: int) -> HttpResponse:
     key = get_object_or_404(ApiKey, pk=key_id, user=request.user)
-    key.revoke()
+    api_key_revoke(key=key)
     messages.success(request, f"Revoked the key “{key.name}”. Requests with it are now refused.")
     return redirect("accounts:keys")
 

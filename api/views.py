@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from accounts.models import ApiKey, UsageRecord
 from accounts.services import Quota, account_for, api_key_authenticate, quota_for
 from api.chunks import DONE, Completion, WholeAnswer, completion_events, error_of, openai_finish_reason
+from api.database import in_database_thread
 from api.errors import ApiError, body_too_large, finish, internal_error, invalid_url, request_id_of
 from api.openapi import openapi_document
 from api.schemas import ChatCompletionRequest, CompletionOptions, CompletionRequest
@@ -75,7 +76,7 @@ def api_view(*methods: str, public: bool = False) -> Callable[[View], View]:
                 if public:
                     response = await view(request, *args, **kwargs)
                 else:
-                    caller = Caller(key=await sync_to_async(_authenticate)(request), request_id=request_id)
+                    caller = Caller(key=await in_database_thread(_authenticate, request), request_id=request_id)
                     logs.annotate(user_id=caller.key.user_id, key_prefix=caller.key.prefix)
                     response = await view(request, caller, *args, **kwargs)
             except ApiError as error:
@@ -87,7 +88,7 @@ def api_view(*methods: str, public: bool = False) -> Callable[[View], View]:
 
             if caller is not None:
                 try:
-                    quota = caller.quota or await sync_to_async(quota_for)(caller.user)
+                    quota = caller.quota or await in_database_thread(quota_for, caller.user)
                 except UNREACHABLE:  # the counters are in Redis: the response goes without them
                     quota = None
                 for name, value in quota.headers().items() if quota else ():
@@ -116,7 +117,7 @@ async def models_list(request: HttpRequest, caller: Caller) -> HttpResponseBase:
             "object": "list",
             "data": [
                 {"id": name, "object": "model", "created": 0, "owned_by": "chatsite"}
-                for name in await sync_to_async(backend().models)()
+                for name in await in_database_thread(backend().models)
             ],
         }
     )
@@ -158,8 +159,8 @@ async def stream_cancel(request: HttpRequest, caller: Caller, completion_id: str
 
 @api_view("GET")
 async def usage(request: HttpRequest, caller: Caller) -> HttpResponseBase:
-    account = await sync_to_async(account_for)(caller.user)
-    quota = await sync_to_async(quota_for)(caller.user, limits=account.limits)
+    account = await in_database_thread(account_for, caller.user)
+    quota = await in_database_thread(quota_for, caller.user, limits=account.limits)
     caller.quota = quota
     limits = quota.limits
     return JsonResponse(
@@ -208,7 +209,8 @@ async def _complete(
     request: HttpRequest, caller: Caller, body: CompletionOptions, prompt: Prompt, completion: Completion
 ) -> HttpResponseBase:
     try:
-        started = await sync_to_async(generation_start)(
+        started = await in_database_thread(
+            generation_start,
             user=caller.user,
             channel=UsageRecord.Channel.API,
             model=body.model,

@@ -1,6 +1,6 @@
 """A bare Channels SSE endpoint: the baseline that bench.fanout compares chatsite with.
 
-    python -m daphne -b 127.0.0.1 -p PORT bench.bare_sse:application
+    python -m daphne -e tcp:port=PORT:interface=127.0.0.1:backlog=4096 bench.bare_sse:application
 
 GET /sse/?n=<count>&interval=<seconds> answers with SSE headers, then `n` events
 (`id: i`, `data: x…`), one every `interval` seconds, then ends the body. No models,

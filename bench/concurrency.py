@@ -370,11 +370,23 @@ def measure(target: Target, args: argparse.Namespace, server_pid: int | None = N
 
 def write_results(label: str, payload: dict[str, Any]) -> Path:
     """bench/results/concurrency-<label>.json, or under $BENCH_RESULTS_DIR when set."""
-    directory = Path(os.environ.get("BENCH_RESULTS_DIR") or RESULTS_DIR)
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"concurrency-{label}.json"
+    path = results_dir() / f"concurrency-{label}.json"
     path.write_text(json.dumps(payload, indent=2) + "\n")
     return path
+
+
+def write_server_log(label: str, log: str) -> Path:
+    """The server's log beside its results (concurrency-<label>.server.log): why a level
+    failed is there, not in the clients' errors."""
+    path = results_dir() / f"concurrency-{label}.server.log"
+    path.write_text(log)
+    return path
+
+
+def results_dir() -> Path:
+    directory = Path(os.environ.get("BENCH_RESULTS_DIR") or RESULTS_DIR)
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
 
 
 def parse_levels(text: str) -> list[int]:
@@ -471,7 +483,10 @@ def main() -> None:
             assert site.process is not None
             pid = site.process.pid
             started_rss = process_memory_mb(pid)
-            measured = measure(Target(site.base_url, bench_api_key(site), args.model), args, server_pid=pid)
+            try:
+                measured = measure(Target(site.base_url, bench_api_key(site), args.model), args, server_pid=pid)
+            finally:
+                print(f"server log written to {write_server_log(label, site.log())}")
             warm_rss = measured["warmup"]["server_rss_mb"]
             server.update(
                 ready_after_s=site.ready_after_s,
@@ -491,6 +506,7 @@ def main() -> None:
             "max_concurrent": args.max_concurrent,
             "device": args.device or os.environ.get("CHAT_DEVICE", "auto"),
             "dtype": resolved_dtype(args),
+            "cuda_graphs": os.environ.get("GENERATION_CUDA_GRAPHS", "auto"),
         },
         "server_process": server,
         **measured,

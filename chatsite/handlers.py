@@ -12,6 +12,8 @@ from django.http import HttpRequest, HttpResponseBase
 from django.middleware.clickjacking import XFrameOptionsMiddleware
 from django.middleware.security import SecurityMiddleware
 
+from chatsite.observability import remember_route
+
 
 class ProgramsHandler(ASGIHandler):
     """Django's ASGI handler without middleware, for the requests of programs: the API and the probes.
@@ -41,6 +43,7 @@ class ProgramsHandler(ASGIHandler):
 
         async def respond(request: HttpRequest) -> HttpResponseBase:
             response = await get_response(request)
+            remember_route(request)
             for middleware in headers:
                 # The stubs say HttpResponse; Django's own chain passes streaming responses too.
                 response = middleware.process_response(request, response)  # type: ignore[arg-type]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import importlib.util
 import json
 import os
 import re
@@ -195,6 +196,7 @@ INSTALLED_APPS = [
     "axes",
     "csp",
     "accounts",
+    "documents",
     "generation",
     "api",
 ]
@@ -355,6 +357,8 @@ STORAGES = {
 CHAT_MODEL = env_str("CHAT_MODEL", "smollm2-135m-instruct").strip()
 CHAT_DEVICE = env_device("CHAT_DEVICE", "auto")
 CHAT_DTYPE = env_choice("CHAT_DTYPE", "auto", ("auto", "float32", "bfloat16", "float16"))
+# Weights quantized by bitsandbytes at load time (CUDA only): a 7-8B model in 5-10 GB.
+CHAT_QUANTIZATION = env_choice("CHAT_QUANTIZATION", "none", ("none", "bnb-4bit", "bnb-8bit"))
 MODEL_CACHE_DIR = Path(env_str("MODEL_CACHE_DIR", ".cache/models"))
 if not MODEL_CACHE_DIR.is_absolute():
     MODEL_CACHE_DIR = BASE_DIR / MODEL_CACHE_DIR
@@ -364,6 +368,11 @@ GENERATION_MAX_QUEUE = env_int("GENERATION_MAX_QUEUE", 64, minimum=0)
 # `batched` shares forward passes between concurrent generations; `sequential` runs one
 # generate() call per generation (docs/benchmarks.md compares them).
 GENERATION_SCHEDULER = env_choice("GENERATION_SCHEDULER", "batched", ("batched", "sequential"))
+# The batched scheduler's static-shape decoding (docs/architecture.md): `auto` on CUDA with
+# CUDA graphs, `1` everywhere (eagerly on a CPU), `0` never.
+GENERATION_CUDA_GRAPHS = env_choice("GENERATION_CUDA_GRAPHS", "auto", ("auto", "0", "1"))
+# Each generation's key/value slot on the static path: prompt plus answer, in tokens.
+GENERATION_SLOT_TOKENS = env_int("GENERATION_SLOT_TOKENS", 4096, minimum=16)
 # After a conversation's first answer, the model gives it a short title (one small generation).
 CHAT_AUTO_TITLE = env_bool("CHAT_AUTO_TITLE", True)
 CHAT_ENABLE_SYNTHETIC = env_bool("CHAT_ENABLE_SYNTHETIC", False)
@@ -374,6 +383,12 @@ try:
     resolve_model(CHAT_MODEL, synthetic_enabled=CHAT_ENABLE_SYNTHETIC)
 except UnknownModel as error:
     raise ImproperlyConfigured(f"CHAT_MODEL: {error}") from None
+
+if CHAT_QUANTIZATION != "none" and importlib.util.find_spec("bitsandbytes") is None:
+    raise ImproperlyConfigured(
+        f"CHAT_QUANTIZATION: {CHAT_QUANTIZATION} needs the bitsandbytes package (requirements-cuda.lock), "
+        "which is not installed."
+    )
 
 if GENERATION_BACKEND == "celery" and not REDIS_URL:
     raise ImproperlyConfigured("GENERATION_BACKEND: celery needs REDIS_URL (the broker and the stream store).")

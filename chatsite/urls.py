@@ -12,6 +12,7 @@ urlpatterns = [
     path("", RedirectView.as_view(pattern_name="generation:chat"), name="home"),
     path("accounts/", include("accounts.urls")),
     path("chat/", include("generation.urls")),
+    path("documents/", include("documents.urls")),
     path("v1/", include("api.urls")),
     path("healthz", generation_views.healthz, name="healthz"),
     path("readyz", generation_views.readyz, name="readyz"),

@@ -271,7 +271,12 @@ class UpstreamBackend:
         self.pool.submit(
             job_for(task),
             model=task.model,
-            prompt_tokens=self.count_prompt_tokens(task.model, task.prompt),
+            # Counted once, at admission; a task from elsewhere may come uncounted.
+            prompt_tokens=(
+                task.prompt_tokens
+                if task.prompt_tokens is not None
+                else self.count_prompt_tokens(task.model, task.prompt)
+            ),
             body=body,
             count_tokens=(lambda text: tokenizer.count_prompt_tokens(text)) if tokenizer else None,
             admission=task.admission,

@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 import re
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 from urllib.parse import parse_qsl
@@ -44,6 +46,21 @@ def request_begin(given_id: str | None) -> dict[str, Any]:
     fields: dict[str, Any] = {"request_id": new_request_id(given_id)}
     _request.set(fields)
     return fields
+
+
+def request_fields() -> dict[str, Any] | None:
+    """The current request's fields, to carry into a thread that runs part of its work."""
+    return _request.get()
+
+
+@contextmanager
+def request_context(fields: dict[str, Any] | None) -> Iterator[None]:
+    """Run as part of the request whose `fields` these are (request_fields), in any thread."""
+    token = _request.set(fields)
+    try:
+        yield
+    finally:
+        _request.reset(token)
 
 
 def request_id() -> str | None:

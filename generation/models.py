@@ -62,6 +62,9 @@ class Message(models.Model):
     duration_ms = models.PositiveIntegerField(null=True, blank=True)
     finish_reason = models.CharField(max_length=20, blank=True)
     error = models.TextField(blank=True)
+    # An answer from documents: the passages its prompt carried, numbered as it cites them
+    # (documents.services.retrieval_for); kept here so that they outlive their documents.
+    sources = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

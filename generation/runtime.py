@@ -91,6 +91,7 @@ def local_engine(model: str | None = None) -> Engine:
                 cache_dir=settings.MODEL_CACHE_DIR,
                 device=settings.CHAT_DEVICE,
                 dtype=settings.CHAT_DTYPE,
+                quantization=settings.CHAT_QUANTIZATION,
                 synthetic_tokens_per_s=settings.CHAT_SYNTHETIC_TOKENS_PER_S,
             )
             _engines[name] = Engine(
@@ -100,6 +101,8 @@ def local_engine(model: str | None = None) -> Engine:
                 max_queue=settings.GENERATION_MAX_QUEUE,
                 max_concurrent=max_concurrent(spec),
                 producer=PRODUCER,
+                cuda_graphs=settings.GENERATION_CUDA_GRAPHS,
+                slot_tokens=settings.GENERATION_SLOT_TOKENS,
             )
         found = _engines[name]
     found.start()

@@ -7,12 +7,14 @@ import re
 import uuid
 from dataclasses import dataclass, replace
 from functools import partial
+from typing import Any
 
 from django.contrib.auth.models import User
 from django.db import transaction
 
 from accounts.models import ApiKey, UsageRecord
 from accounts.services import InvalidRequest, Quota, account_for, usage_admit, usage_request_count
+from documents.services import retrieval_for
 from generation import logs, runtime
 from generation.backends import backend
 from generation.dispatch import QUEUE_PRODUCER
@@ -46,6 +48,8 @@ class Admitted:
     producer: str
     quota: Quota
     submitted: bool = False  # started before its admission was written (generation_start)
+    # A chat answer from documents: the sources its prompt carries (None: no retrieval stage).
+    sources: list[dict[str, Any]] | None = None
 
     @property
     def stream_id(self) -> str:
@@ -111,6 +115,7 @@ def generation_admit(
         request_id=logs.request_id(),
         priority=account.plan.priority,
         owner=str(user.pk),
+        prompt_tokens=prompt_tokens,
     )
     logs.annotate(model=model, stream_id=task.stream_id)
     if start_early and runner.starts_early(model):
@@ -313,7 +318,12 @@ def _leaf_save(conversation: Conversation, leaf: Message | None) -> None:
 
 
 def _answer_admit(conversation: Conversation, history: list[dict[str, str]], *, channel: str) -> Admitted:
-    return generation_admit(
+    """Admit a chat answer; a conversation with documents first retrieves the passages for
+    its question, which the prompt carries (and which count towards its tokens)."""
+    retrieval = retrieval_for(user=conversation.user, conversation_id=conversation.id, question=history[-1]["content"])
+    if retrieval is not None:
+        history = [*history[:-1], {"role": "user", "content": retrieval.prompt}]
+    admitted = generation_admit(
         user=conversation.user,
         channel=channel,
         model=conversation.model,
@@ -321,6 +331,7 @@ def _answer_admit(conversation: Conversation, history: list[dict[str, str]], *, 
         params=GenerationParams(max_tokens=conversation.max_tokens, temperature=conversation.temperature),
         requested_max_tokens=None,
     )
+    return admitted if retrieval is None else replace(admitted, sources=retrieval.sources)
 
 
 def _answer_create(conversation: Conversation, admitted: Admitted, prompt: Message) -> Message:
@@ -333,6 +344,7 @@ def _answer_create(conversation: Conversation, admitted: Admitted, prompt: Messa
         stream_id=admitted.stream_id,
         model=conversation.model,
         producer=admitted.producer,
+        sources=admitted.sources or [],
     )
     conversation.current_leaf = answer
     conversation.save(update_fields=["current_leaf", "updated_at"])
@@ -342,11 +354,32 @@ def _answer_create(conversation: Conversation, admitted: Admitted, prompt: Messa
 def _answer_submit(answer: Message, admitted: Admitted) -> None:
     """Queue the answer's generation, committed first so that the engine finds the row it
     saves into; if the queue refuses, the answer is removed again."""
+    stages = _retrieval_stages_publish(admitted)
     try:
         generation_submit(admitted, message_id=answer.pk)
     except Exception:
+        if stages:
+            # Its stream ends too, so that it expires like any other (append_many: never raises).
+            runtime.stream_store().append_many([(admitted.stream_id, "error", {"message": "not started"})])
         answer.delete()  # the conversation's current leaf goes back to its newest message
         raise
+
+
+def _retrieval_stages_publish(admitted: Admitted) -> bool:
+    """Open an answer from documents with its stages, before the producer's first event:
+    `status` {"state": "retrieving"}, then {"state": "generating", "sources": […]}.
+
+    Retrieval takes milliseconds and ran in the request (its passages are part of the
+    prompt the ledger admitted), so both are told together, in order, ahead of the
+    engine's own `queued`/`running` statuses and the tokens. Returns whether it told them.
+    """
+    if admitted.sources is None:
+        return False
+    store = runtime.stream_store()
+    store.create(admitted.stream_id)
+    store.append(admitted.stream_id, "status", {"state": "retrieving"})
+    store.append(admitted.stream_id, "status", {"state": "generating", "sources": admitted.sources})
+    return True
 
 
 def generation_cancel(*, stream_id: str) -> bool:

@@ -57,6 +57,8 @@ class GenerationTask:
     # user it is for.
     priority: int = 0
     owner: str = ""
+    # Its prompt's tokens, as admission counted them (None: not counted yet).
+    prompt_tokens: int | None = None
     # Set when it starts before its admission is written; never travels.
     admission: Admission | None = field(default=None, compare=False)
 

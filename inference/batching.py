@@ -14,6 +14,7 @@ eight rows cost little more than one: this is where aggregate throughput comes f
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -28,11 +29,14 @@ from inference.generators import (
     SyntheticGenerator,
     TokenText,
     TransformersGenerator,
+    UnfitPrompt,
     check_prompt,
 )
 
 if TYPE_CHECKING:
     import torch
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -77,6 +81,7 @@ class _Row:
     count: int = 0
     next_id: int | None = None  # sampled, not yet fed to the model
     finish_reason: str | None = None
+    cached: int = 0  # tokens in its key/value slot (StaticBatch)
 
 
 class TransformersBatch:
@@ -162,6 +167,8 @@ class TransformersBatch:
     def cancel_all(self) -> list[Sequence]:
         sequences = [row.sequence for row in [*self._rows, *self._joining]]
         self._rows, self._joining, self._cache, self._mask = [], [], None, None
+        if self.device.type == "cuda":  # after a failed step (e.g. out of memory): hand back what it held
+            self._torch.cuda.empty_cache()
         return sequences
 
     def _decode(self) -> torch.Tensor:
@@ -251,8 +258,8 @@ class TransformersBatch:
             groups.append(self._prefill_group(sharing, skip, prefix_kv))
         if others:
             groups.append(self._prefill_group(others, 0, []))
-        for cache, mask, _ in groups:
-            self._merge(cache, mask)
+        for group_rows, (cache, mask, _) in zip([rows for rows in (sharing, others) if rows], groups, strict=True):
+            self._merge(group_rows, cache, mask)
         return sharing + others, torch.cat([logits for _, _, logits in groups])
 
     def _prefill_group(
@@ -293,7 +300,8 @@ class TransformersBatch:
             self._prefix = (ids, kv)
         return self._prefix
 
-    def _merge(self, cache: Any, mask: torch.Tensor) -> None:
+    def _merge(self, rows: list[_Row], cache: Any, mask: torch.Tensor) -> None:
+        """Take in the joining rows' prefilled cache (left-padded, `mask` 1 on real tokens)."""
         from transformers import DynamicCache
 
         torch = self._torch
@@ -369,6 +377,257 @@ def _left_pad(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
     return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
 
 
+# Rows are padded up to one of these counts, so that each count's decoding step has one
+# shape (one CUDA graph each); beyond the last, the next power of two.
+ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# Attention reads the slots' first columns only, a power of two from this many up.
+SHORTEST_WIDTH = 64
+
+
+def row_bucket(rows: int) -> int:
+    """The padded row count a step of `rows` rows runs at."""
+    return next((size for size in ROW_BUCKETS if size >= rows), 1 << (rows - 1).bit_length())
+
+
+class _SlotCache:
+    """The key/value slots, as the model's cache for one decoding step of slots
+    `start:stop`: each row's new key and value are written at its own position, and
+    attention reads the first `width` columns of those slots (views, no copies)."""
+
+    def __init__(
+        self,
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+        slots: slice,
+        index: torch.Tensor,
+        positions: torch.Tensor,
+        width: int,
+    ) -> None:
+        self.keys, self.values = keys, values
+        self.slots, self.index, self.positions, self.width = slots, index, positions, width
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        # Tensor indices, not Python numbers: the same captured step serves every position.
+        keys[self.index, :, self.positions] = key_states[:, :, 0]
+        values[self.index, :, self.positions] = value_states[:, :, 0]
+        return keys[self.slots, :, : self.width], values[self.slots, :, : self.width]
+
+
+class StaticBatch(TransformersBatch):
+    """The batch with static shapes, for CUDA graphs (as vLLM-class servers decode).
+
+    Every row owns a preallocated key/value slot: row i of the batch is slot i, its
+    tokens in columns 0 to its length, with no padding. A decoding step runs the rows
+    padded up to a row bucket (1, 2, 4 ... 256) over the slots' first `width` columns (a
+    power of two), so each (bucket, width) pair has one shape: on CUDA its step is
+    captured once as a CUDA graph and replayed, which removes the per-kernel launch
+    cost that bounds eager decoding of a small model. The padding rows decode token 0
+    in spare slots; nobody reads what they make. Prefill stays eager (the dynamic path's
+    left-padded prefill, its rows then copied into their slots). A row that leaves
+    hands its slot to the rows after it, which move down one slot each.
+
+    On a CPU the same code runs without graphs, which is how its answers are tested:
+    greedy rows give what `generate()` gives alone.
+    """
+
+    # Each (rows, width) shape's captured step and its logits tensor; None: capture failed.
+    _graphs: dict[tuple[int, int], tuple[Any, torch.Tensor] | None]
+
+    def __init__(self, generator: TransformersGenerator, *, max_rows: int, row_tokens: int, cuda_graphs: bool) -> None:
+        super().__init__(generator)
+        torch = self._torch
+        config = self.model.config
+        self.row_tokens = min(row_tokens, generator.context_length)
+        self.capacity = row_bucket(max_rows)
+        self.cuda_graphs = cuda_graphs
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        shape = (self.capacity, heads, self.row_tokens, head_dim)
+        dtype, device = self.model.dtype, self.device
+        self._keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
+        self._values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
+        # A step's inputs live in fixed tensors: a captured graph reads them where they were.
+        self._ids = torch.zeros((self.capacity, 1), dtype=torch.long, device=device)
+        self._lengths = torch.zeros(self.capacity, dtype=torch.long, device=device)
+        self._slot_index = torch.arange(self.capacity, device=device)
+        self._columns = torch.arange(self.row_tokens, device=device)
+        self._additive_mask = config._attn_implementation == "eager"  # sdpa takes booleans
+        self._graphs = {}
+        self._graph_pool: Any = None
+        self._filled = 0  # slots taken, rows joined in this step included
+        megabytes = 2 * len(self._keys) * self._keys[0].numel() * self._keys[0].element_size() / 2**20
+        logger.info(
+            "Static decoding: %d slots of %d tokens (%.0f MiB of keys and values), CUDA graphs %s",
+            self.capacity,
+            self.row_tokens,
+            megabytes,
+            "on" if cuda_graphs else "off",
+        )
+
+    def add(self, sequence: Sequence) -> None:
+        super().add(sequence)
+        row = self._joining[-1]
+        try:
+            room = check_prompt(len(row.prompt_ids), self.row_tokens)  # a slot holds prompt and answer
+        except UnfitPrompt:
+            self._joining.pop()
+            raise
+        row.limit = min(row.limit, room)
+
+    def cancel_all(self) -> list[Sequence]:
+        self._filled = 0
+        return super().cancel_all()
+
+    def _decode_sparing(self, finished: list[Finished]) -> torch.Tensor | None:
+        """_decode(); if it fails, each row is tried alone, and the ones that fail alone
+        leave with their error. Nothing needs undoing: a step only writes each row's
+        column at its length, which the next step writes again."""
+        try:
+            return self._decode()
+        except Exception:
+            failing: dict[int, Exception] = {}
+            for index in range(len(self._rows)):
+                try:
+                    self._forward(slice(index, index + 1), self._width())
+                except Exception as row_error:
+                    failing[index] = row_error
+            if not failing:
+                raise
+        finished += [(self._rows[index].sequence, row_error) for index, row_error in failing.items()]
+        self._drop_all_but([index for index in range(len(self._rows)) if index not in failing])
+        return self._decode() if self._rows else None
+
+    def _decode(self) -> torch.Tensor:
+        torch = self._torch
+        count = len(self._rows)
+        padded = row_bucket(count)
+        pad = padded - count
+        ids = torch.tensor([row.next_id for row in self._rows] + [0] * pad)
+        lengths = torch.tensor([row.cached for row in self._rows] + [0] * pad)
+        self._ids[:padded, 0].copy_(ids, non_blocking=True)
+        self._lengths[:padded].copy_(lengths, non_blocking=True)
+        width = self._width()
+        logits = self._replay(padded, width) if self.cuda_graphs else self._forward(slice(0, padded), width)
+        for row in self._rows:
+            row.cached += 1
+        return logits[:count].float()
+
+    def _width(self) -> int:
+        """The columns this step's attention reads: every row's tokens and its new one."""
+        needed = max(row.cached for row in self._rows) + 1
+        width = SHORTEST_WIDTH
+        while width < needed:
+            width *= 2
+        return min(width, self.row_tokens)
+
+    def _forward(self, slots: slice, width: int) -> torch.Tensor:
+        """One decoding step of these slots' rows (inputs in the step tensors): their logits."""
+        positions = self._lengths[slots]
+        visible = (self._columns[:width] <= positions[:, None])[:, None, None, :]
+        mask = visible
+        if self._additive_mask:
+            dtype = self.model.dtype
+            mask = self._torch.zeros(visible.shape, dtype=dtype, device=self.device).masked_fill(
+                ~visible, self._torch.finfo(dtype).min
+            )
+        cache = _SlotCache(self._keys, self._values, slots, self._slot_index[slots], positions, width)
+        output = self.model(
+            input_ids=self._ids[slots],
+            attention_mask=mask,
+            position_ids=positions[:, None],
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        logits: torch.Tensor = output.logits[:, -1, :]
+        return logits
+
+    def _replay(self, rows: int, width: int) -> torch.Tensor:
+        """The step of `rows` rows over `width` columns, from its CUDA graph (captured the
+        first time it is needed). Where capture fails, that shape decodes eagerly."""
+        key = (rows, width)
+        if key not in self._graphs:
+            try:
+                self._graphs[key] = self._capture(rows, width)
+            except Exception:
+                logger.warning(
+                    "CUDA graph capture failed for %d rows x %d columns; decoding them eagerly", *key, exc_info=True
+                )
+                self._graphs[key] = None
+        captured = self._graphs[key]
+        if captured is None:
+            return self._forward(slice(0, rows), width)
+        graph, logits = captured
+        graph.replay()
+        return logits
+
+    def _capture(self, rows: int, width: int) -> tuple[Any, torch.Tensor]:
+        """Capture the step of this shape as a CUDA graph. Running it several times is
+        harmless: each run writes the same keys and values into the same columns."""
+        torch = self._torch
+        slots = slice(0, rows)
+        side = torch.cuda.Stream(device=self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):  # warm-up runs, as torch.cuda.graphs asks
+            for _ in range(2):
+                self._forward(slots, width)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        if self._graph_pool is None:
+            self._graph_pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._graph_pool):
+            logits = self._forward(slots, width)
+        return graph, logits
+
+    def _prefill_sparing(self, rows: list[_Row], finished: list[Finished]) -> tuple[list[_Row], torch.Tensor | None]:
+        self._filled = len(self._rows)
+        return super()._prefill_sparing(rows, finished)
+
+    def _prefill(self, rows: list[_Row]) -> tuple[list[_Row], torch.Tensor]:
+        filled = self._filled
+        try:
+            return super()._prefill(rows)
+        except BaseException:
+            self._filled = filled  # the slots it wrote are free again
+            raise
+
+    def _merge(self, rows: list[_Row], cache: Any, mask: torch.Tensor) -> None:
+        """Copy the prefilled rows' keys and values into the next free slots, each row's
+        real tokens first (the prefill's padding sits before or inside them)."""
+        torch = self._torch
+        start, stop = self._filled, self._filled + len(rows)
+        if stop > self.capacity:
+            raise RuntimeError(f"no free key/value slot: {self.capacity} are taken")
+        width = mask.shape[1]
+        # Per row, the columns of its real tokens in order, then the padding ones.
+        order = torch.argsort((mask == 0).to(torch.int8), dim=1, stable=True)
+        for layer, (keys, values) in enumerate(zip(self._keys, self._values, strict=True)):
+            prefilled = cache.layers[layer]
+            index = order[:, None, :, None].expand(-1, prefilled.keys.shape[1], -1, prefilled.keys.shape[3])
+            keys[start:stop, :, :width] = prefilled.keys.gather(2, index)
+            values[start:stop, :, :width] = prefilled.values.gather(2, index)
+        for row, length in zip(rows, mask.sum(dim=1).tolist(), strict=True):
+            row.cached = int(length)
+        self._filled = stop
+
+    def _drop_all_but(self, keep: list[int]) -> None:
+        """Keep these rows, in order, in the first slots: the ones after a gap move down."""
+        torch = self._torch
+        moves = [(old, new) for new, old in enumerate(keep) if old != new]
+        if moves:
+            old_slots = torch.tensor([old for old, _ in moves], device=self.device)
+            new_slots = torch.tensor([new for _, new in moves], device=self.device)
+            width = max(self._rows[old].cached for old, _ in moves)
+            for tensors in (self._keys, self._values):
+                for slots in tensors:
+                    slots[new_slots, :, :width] = slots.index_select(0, old_slots)[:, :, :width]
+        self._rows = [self._rows[index] for index in keep]
+        self._filled = len(self._rows)
+
+
 @dataclass(eq=False)
 class _SyntheticRow:
     sequence: Sequence
@@ -422,9 +681,34 @@ class SyntheticBatch:
         return sequences
 
 
-def open_batch(generator: Generator) -> Batch:
-    """An empty batch of the generator's model."""
+def open_batch(generator: Generator, *, max_rows: int = 256, cuda_graphs: str = "0", row_tokens: int = 4096) -> Batch:
+    """An empty batch of the generator's model.
+
+    `cuda_graphs` is GENERATION_CUDA_GRAPHS: `0` the dynamic path; `1` the static path,
+    with CUDA graphs where the model is on CUDA (on a CPU it runs eagerly, as tested);
+    `auto` the static path with graphs on CUDA, the dynamic path elsewhere (where it is
+    as fast: a CPU step is bound by arithmetic, not by launching kernels)."""
     if isinstance(generator, SyntheticGenerator):
         return SyntheticBatch(generator)
     assert isinstance(generator, TransformersGenerator), f"{generator!r} cannot batch"
-    return TransformersBatch(generator)
+    on_cuda = generator.device.type == "cuda"
+    if cuda_graphs == "0" or (cuda_graphs == "auto" and not on_cuda):
+        return TransformersBatch(generator)
+    if unsupported := static_unsupported(generator.model.config):
+        logger.warning("GENERATION_CUDA_GRAPHS=%s: %s; decoding on the dynamic path", cuda_graphs, unsupported)
+        return TransformersBatch(generator)
+    if not on_cuda:
+        logger.warning("GENERATION_CUDA_GRAPHS=1 on %s: static decoding without graphs", generator.device)
+    return StaticBatch(generator, max_rows=max_rows, row_tokens=row_tokens, cuda_graphs=on_cuda)
+
+
+def static_unsupported(config: Any) -> str | None:
+    """Why the static path can't run this model, if it can't: its slots are plain causal
+    attention over every earlier token, through a mask it builds itself."""
+    kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
+    if kinds != {"full_attention"}:
+        return f"its layers are {', '.join(sorted(kinds))}, not only full attention"
+    implementation = getattr(config, "_attn_implementation", None)
+    if implementation not in ("sdpa", "eager"):
+        return f"its attention implementation is {implementation}, not sdpa or eager"
+    return None

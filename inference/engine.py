@@ -275,6 +275,8 @@ class Engine:
         max_concurrent: int = 1,
         producer: str = "engine",
         progress_interval_s: float = 2.0,
+        cuda_graphs: str = "0",
+        slot_tokens: int = 4096,
     ) -> None:
         if scheduler not in SCHEDULERS:
             raise ValueError(f"scheduler must be one of {SCHEDULERS}, not {scheduler!r}")
@@ -285,6 +287,8 @@ class Engine:
         self.max_concurrent = max_concurrent
         self.producer = producer
         self.progress_interval_s = progress_interval_s
+        self.cuda_graphs = cuda_graphs  # GENERATION_CUDA_GRAPHS: how the batch decodes
+        self.slot_tokens = slot_tokens
         self.generator: Generator | None = None
         self.load_error: str | None = None
         self.active = 0
@@ -524,7 +528,18 @@ class Engine:
     def _batch_loop(self) -> None:
         """The batched scheduler: one thread stepping every running generation together."""
         self._loaded.wait()
-        batch = open_batch(self.generator) if self.generator is not None else None
+        batch = None
+        if self.generator is not None:
+            try:
+                batch = open_batch(
+                    self.generator,
+                    max_rows=self.max_concurrent,
+                    cuda_graphs=self.cuda_graphs,
+                    row_tokens=self.slot_tokens,
+                )
+            except Exception as error:  # e.g. no memory for the key/value slots: every job is told why
+                logger.exception("The batch could not be set up")
+                self.load_error = f"{type(error).__name__}: {error}"
         runs: dict[Sequence, _Run] = {}
         outbox: list[Event] = []
         while (jobs := self._take(self.max_concurrent - len(runs), wait=not runs, decoding=len(runs))) is not None:

@@ -292,7 +292,13 @@ class SyntheticGenerator:
 
 
 def load_generator(
-    spec: ModelSpec, *, cache_dir: Path, device: str, synthetic_tokens_per_s: float, dtype: str = "auto"
+    spec: ModelSpec,
+    *,
+    cache_dir: Path,
+    device: str,
+    synthetic_tokens_per_s: float,
+    dtype: str = "auto",
+    quantization: str = "none",
 ) -> Generator:
     """Build the generator for a model spec, converting packaged GGUF weights once."""
     from inference.loading import load_pretrained, resolve_device
@@ -301,7 +307,9 @@ def load_generator(
         return SyntheticGenerator(synthetic_tokens_per_s)
     torch_device = resolve_device(device)
     started = time.monotonic()
-    model, tokenizer = _load_model_files(spec, cache_dir, lambda source: load_pretrained(source, torch_device, dtype))
+    model, tokenizer = _load_model_files(
+        spec, cache_dir, lambda source: load_pretrained(source, torch_device, dtype, quantization)
+    )
     logger.info("Loaded %s on %s (%s) in %.1f s", spec.name, torch_device, model.dtype, time.monotonic() - started)
     return TransformersGenerator(spec.name, model, tokenizer)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib.util
 import json
 import logging
 import os
@@ -154,11 +155,43 @@ def convert_gguf(gguf: Path, target: Path, *, chat_template: str | None = None) 
     tokenizer.save_pretrained(target)
 
 
-def load_pretrained(model_dir: str | Path, device: torch.device, dtype: str = "auto") -> tuple[Any, Any]:
-    """Load a causal LM and its tokenizer from a directory or hub id onto `device`."""
+def quantization_config(setting: str, device: torch.device, dtype: torch.dtype) -> Any | None:
+    """CHAT_QUANTIZATION → transformers' BitsAndBytesConfig, or None for `none`.
+
+    bitsandbytes quantizes the weights as they load: 4-bit NF4 (with the quantization
+    constants quantized too) computing in `dtype`, or 8-bit LLM.int8(). It needs CUDA and
+    the bitsandbytes package (in requirements-cuda.lock, not in the CPU requirements)."""
+    if setting == "none":
+        return None
+    if device.type != "cuda":
+        raise RuntimeError(f"CHAT_QUANTIZATION={setting} needs a CUDA device (bitsandbytes); the device is {device}")
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise RuntimeError(
+            f"CHAT_QUANTIZATION={setting} needs the bitsandbytes package: "
+            "install requirements-cuda.lock (or pip install bitsandbytes==0.50.2)"
+        )
+    from transformers import BitsAndBytesConfig
+
+    if setting == "bnb-4bit":
+        return BitsAndBytesConfig(  # type: ignore[no-untyped-call]
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=dtype
+        )
+    if setting == "bnb-8bit":
+        return BitsAndBytesConfig(load_in_8bit=True)  # type: ignore[no-untyped-call]
+    raise ValueError(f"CHAT_QUANTIZATION must be none, bnb-4bit or bnb-8bit, not {setting!r}")
+
+
+def load_pretrained(
+    model_dir: str | Path, device: torch.device, dtype: str = "auto", quantization: str = "none"
+) -> tuple[Any, Any]:
+    """Load a causal LM and its tokenizer from a directory or hub id onto `device`,
+    quantized on loading when `quantization` (CHAT_QUANTIZATION) says so."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    kwargs: dict[str, object] = {"dtype": dtype_for(device, dtype)}
+    weights_dtype = dtype_for(device, dtype)
+    kwargs: dict[str, object] = {"dtype": weights_dtype}
+    if quantized := quantization_config(quantization, device, weights_dtype):
+        kwargs["quantization_config"] = quantized
     if device.type == "cuda":
         kwargs["device_map"] = "auto" if device.index is None else {"": device.index}
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)

@@ -5,6 +5,7 @@ No Django imports here.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,8 +115,15 @@ def resolve_model(name: str, *, synthetic_enabled: bool = False) -> ModelSpec:
 
 def available_models(default: str, *, synthetic_enabled: bool = False) -> list[str]:
     """The model names offered to users: the default first, installed built-ins after."""
+    return list(_available_models(default, synthetic_enabled))
+
+
+# Installed packages don't change while a process runs; looking for them (find_spec and a
+# stat per weights file) was a tenth of a tiny completion's CPU time (docs/benchmarks.md).
+@functools.lru_cache(maxsize=16)
+def _available_models(default: str, synthetic_enabled: bool) -> tuple[str, ...]:
     names = [default]
     names += [n for n, spec in BUILT_IN.items() if n != default and spec.installed()]
     if synthetic_enabled and default != SYNTHETIC:
         names.append(SYNTHETIC)
-    return names
+    return tuple(names)

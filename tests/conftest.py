@@ -12,6 +12,7 @@ from django.conf import settings as django_settings
 from django.test import Client
 
 from accounts import rate_limit
+from api.database import close_connections
 from generation import backends, runtime
 from inference.engine import Engine
 from inference.generators import Generator, SyntheticGenerator, load_generator
@@ -20,6 +21,13 @@ from inference.streams import InMemoryStreamStore, StreamEvent
 from tests.livesite import LiveSite
 
 PASSWORD = "correct-horse-battery-staple"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _api_database_threads_close_their_connections(django_db_setup):
+    # They keep their connections between requests; the test database is dropped with none open.
+    yield
+    close_connections()
 
 
 @pytest.fixture(autouse=True)

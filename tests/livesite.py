@@ -35,6 +35,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+# Twisted listens with a backlog of 50: a burst of more connections than that overflows the
+# kernel's accept queue, and clients see dropped connections. `make run`, the Dockerfile and
+# docker-compose.yml start daphne with this backlog too.
+LISTEN_BACKLOG = 4096
+
+
+def daphne_endpoint(host: str, port: int) -> str:
+    """daphne's `-e` endpoint string for a TCP port with a deep listen backlog."""
+    return f"tcp:port={port}:interface={host}:backlog={LISTEN_BACKLOG}"
+
+
 def stop_process(process: subprocess.Popen[bytes], grace_s: float = 15) -> None:
     """End a server politely (SIGTERM), and for good (SIGKILL) if it lingers."""
     if process.poll() is None:
@@ -55,7 +66,9 @@ def kill_process(process: subprocess.Popen[bytes]) -> None:
 class LiveSite:
     """`with LiveSite() as site:` starts migrate + daphne and waits for /readyz."""
 
-    def __init__(self, env: dict[str, str] | None = None, ready_timeout: float = 180) -> None:
+    def __init__(self, env: dict[str, str] | None = None, ready_timeout: float = 180, root: Path = ROOT) -> None:
+        # `root`: the checkout to serve, this one unless a bench compares another revision.
+        self.root = root
         self._tmp = tempfile.TemporaryDirectory(prefix="chatsite-live-")
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
@@ -81,7 +94,7 @@ class LiveSite:
 
     def __enter__(self) -> LiveSite:
         for command in (["migrate", "--noinput"], ["collectstatic", "--noinput", "--verbosity", "0"]):
-            subprocess.run([sys.executable, "manage.py", *command], cwd=ROOT, env=self.env, check=True)
+            subprocess.run([sys.executable, "manage.py", *command], cwd=self.root, env=self.env, check=True)
         self.start()
         return self
 
@@ -94,13 +107,11 @@ class LiveSite:
                 "daphne",
                 "--access-log",  # as `make run`: chatsite's own request lines only
                 "/dev/null",
-                "--bind",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
+                "-e",
+                daphne_endpoint("127.0.0.1", self.port),
                 "chatsite.asgi:application",
             ],
-            cwd=ROOT,
+            cwd=self.root,
             env=self.env,
             stdout=self.log_path.open("ab"),
             stderr=subprocess.STDOUT,
@@ -391,7 +402,7 @@ def unlimited_api_key(site: LiveSite, **limits: int) -> str:
     but for the `limits` given (Account fields: tokens_per_day=100, say)."""
     output = subprocess.run(
         [sys.executable, "manage.py", "shell", "-c", ACCOUNT_WITH_LIMITS],
-        cwd=ROOT,
+        cwd=site.root,
         env={**site.env, "ACCOUNT_LIMITS": json.dumps({**UNLIMITED, **limits})},
         capture_output=True,
         text=True,

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 
+import httpx
 import pytest
 
 from tests.livesite import ChatClient, LiveSite, scratch_redis_prefix
@@ -73,3 +75,24 @@ def test_bob_cannot_read_or_stop_alices_stream_on_the_other_process(two_sites):
     assert stop.status_code == 404
     alice.same_session_on(b.base_url).stop(sent.html)
     assert list(alice.stream(sent.stream_url))[-1].event == "done"
+
+
+def test_a_key_revoked_on_a_is_refused_by_b_on_the_very_next_request(two_sites):
+    a, b = two_sites
+    carol = ChatClient(a.base_url)
+    carol.signup("carol")
+    made = carol.htmx_post("/accounts/keys/", {"name": "two processes"})
+    assert made.status_code == 201
+    plain = re.search(r'data-role="new-api-key">([^<]+)<', made.text)
+    revoke_url = re.search(r'action="(/accounts/keys/\d+/revoke/)"', made.text)
+    assert plain and revoke_url
+
+    def models_status(site: LiveSite) -> int:
+        headers = {"Authorization": f"Bearer {plain.group(1)}"}
+        return httpx.get(f"{site.base_url}/v1/models", headers=headers).status_code
+
+    # Each process has seen the key, and remembers it.
+    assert [models_status(a), models_status(b), models_status(a), models_status(b)] == [200] * 4
+    assert carol.htmx_post(revoke_url.group(1)).status_code == 302
+    assert models_status(b) == 401
+    assert models_status(a) == 401

@@ -1,5 +1,7 @@
-// Streaming answers: while one waits for room, SSE "status" events carry its place in
-// the queue ({"state": "queued", "ahead": N}, then {"state": "running"}); then "token"
+// Streaming answers: SSE "status" events carry its stages: in a conversation with
+// documents {"state": "retrieving"}, then {"state": "generating", "sources": [...]}; while
+// it waits for room its place in the queue ({"state": "queued", "ahead": N}, then
+// {"state": "running"}); then "token"
 // events carry JSON {"delta": "..."}, appended as text nodes (never parsed as HTML); the
 // final "done" event is swapped in by htmx as the saved, server-rendered answer.
 (function () {
@@ -10,8 +12,28 @@
   }
 
   function waitingWords(status) {
+    if (status.state === "retrieving") return "Searching your documents\u2026";
     if (status.state !== "queued") return "";
     return status.ahead > 0 ? "Waiting \u2014 " + status.ahead + " ahead" : "Waiting \u2014 next in line";
+  }
+
+  // The sources an answer's prompt carries, as the server renders them (generation/_sources.html),
+  // built from text nodes; a list the page already shows (a reload replays the event) stays.
+  function showSources(article, sources) {
+    var list = article.querySelector("[data-sources]");
+    if (!list || list.children.length || !sources || !sources.length) return;
+    sources.forEach(function (source) {
+      var item = document.createElement("li");
+      var link = document.createElement("a");
+      link.href = source.url;
+      link.textContent = "[" + source.number + "] " + source.document;
+      var excerpt = document.createElement("span");
+      excerpt.className = "source-excerpt";
+      excerpt.textContent = source.excerpt;
+      item.append(link, " ", excerpt);
+      list.append(item);
+    });
+    list.hidden = false;
   }
 
   document.addEventListener("htmx:sseBeforeMessage", function (event) {
@@ -26,6 +48,7 @@
     var statusLine = article.querySelector("[data-stream-status]");
     if (message.type === "status") {
       if (statusLine) statusLine.textContent = waitingWords(data);
+      if (data.state === "generating") showSources(article, data.sources);
       return;
     }
     if (statusLine) statusLine.textContent = ""; // it runs: no longer waiting
@@ -72,6 +95,14 @@
   });
 
   htmx.onLoad(addCopyButtons); // the page, then each swapped-in fragment (e.g. a finished answer)
+
+  // A document upload's progress, from htmx's XMLHttpRequest upload events.
+  document.addEventListener("htmx:xhr:progress", function (event) {
+    var progress = event.target.querySelector && event.target.querySelector("[data-upload-progress]");
+    if (!progress || !event.detail.lengthComputable) return;
+    progress.hidden = false;
+    progress.value = Math.round((event.detail.loaded / event.detail.total) * 100);
+  });
 
   // Enter sends, Shift+Enter makes a new line.
   document.addEventListener("keydown", function (event) {

@@ -67,7 +67,14 @@ def test_admin_changelists_load(admin_client, alice, url_name):
 def test_plan_limits_are_editable_in_the_list(admin_client):
     plan = Plan.objects.get(name="default")
     page = admin_client.get(reverse("admin:accounts_plan_changelist")).content.decode()
-    for field in ("requests_per_minute", "tokens_per_day", "max_concurrent_streams", "max_tokens_per_request"):
+    for field in (
+        "requests_per_minute",
+        "tokens_per_day",
+        "max_concurrent_streams",
+        "max_tokens_per_request",
+        "max_documents_per_conversation",
+        "max_document_bytes",
+    ):
         assert f'name="form-0-{field}"' in page
     response = admin_client.post(
         reverse("admin:accounts_plan_change", args=[plan.pk]),
@@ -78,11 +85,14 @@ def test_plan_limits_are_editable_in_the_list(admin_client):
             "max_concurrent_streams": 1,
             "max_tokens_per_request": 64,
             "priority": 0,
+            "max_documents_per_conversation": 3,
+            "max_document_bytes": 500_000,
         },
     )
     assert response.status_code == 302
     plan.refresh_from_db()
     assert plan.requests_per_minute == 7 and plan.max_tokens_per_request == 64
+    assert plan.max_documents_per_conversation == 3 and plan.max_document_bytes == 500_000
 
 
 PLAN_FORM = {
@@ -91,6 +101,8 @@ PLAN_FORM = {
     "tokens_per_day": 1000,
     "max_concurrent_streams": 2,
     "max_tokens_per_request": 64,
+    "max_documents_per_conversation": 20,
+    "max_document_bytes": 2_000_000,
 }
 
 

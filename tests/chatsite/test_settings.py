@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import secrets
@@ -160,6 +161,9 @@ def run_check(*options: str, **env: str) -> subprocess.CompletedProcess:
         ("GENERATION_SCHEDULER", "parallel"),
         ("CHAT_DEVICE", "gpu"),
         ("CHAT_DTYPE", "int3"),
+        ("CHAT_QUANTIZATION", "bnb-3bit"),
+        ("GENERATION_CUDA_GRAPHS", "yes"),
+        ("GENERATION_SLOT_TOKENS", "8"),
         ("CHAT_MODEL", "no-such-model"),
         ("CHAT_SYNTHETIC_TOKENS_PER_S", "0"),
         ("DATABASE_URL", "nosuchdb://x"),
@@ -181,6 +185,13 @@ def test_bad_value_stops_start_up_naming_the_variable(variable, value):
     result = run_check(**{variable: value})
     assert result.returncode != 0
     assert variable in result.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is not None, reason="bitsandbytes is installed")
+def test_quantization_without_bitsandbytes_stops_start_up_saying_what_is_missing():
+    result = run_check(CHAT_QUANTIZATION="bnb-4bit")
+    assert result.returncode != 0
+    assert "CHAT_QUANTIZATION" in result.stderr and "bitsandbytes" in result.stderr
 
 
 def test_good_configuration_passes_the_check():

@@ -8,7 +8,14 @@ import pytest
 import torch
 
 from inference.generators import GenerationParams, TransformersGenerator
-from inference.loading import COMPLETE_MARKER, cached_conversion, file_sha256, load_pretrained, resolve_device
+from inference.loading import (
+    COMPLETE_MARKER,
+    cached_conversion,
+    file_sha256,
+    load_pretrained,
+    quantization_config,
+    resolve_device,
+)
 from inference.registry import SYNTHETIC, UnknownModel, available_models, resolve_model
 
 
@@ -128,6 +135,31 @@ def test_auto_device_is_cpu_without_cuda():
 def test_asking_for_cuda_without_it_is_refused():
     with pytest.raises(RuntimeError, match="CUDA is not available"):
         resolve_device("cuda:0")
+
+
+def test_quantizing_on_a_cpu_is_refused_naming_the_setting(source, tmp_path):
+    model_dir = tmp_path / "tiny"
+    build_tiny_model(source, model_dir)
+    with pytest.raises(RuntimeError, match=r"CHAT_QUANTIZATION=bnb-4bit needs a CUDA device"):
+        load_pretrained(model_dir, torch.device("cpu"), "float32", "bnb-4bit")
+    assert quantization_config("none", torch.device("cpu"), torch.float32) is None
+
+
+def test_quantizing_without_bitsandbytes_is_refused_naming_the_package(monkeypatch):
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    with pytest.raises(RuntimeError, match="CHAT_QUANTIZATION=bnb-8bit needs the bitsandbytes package"):
+        quantization_config("bnb-8bit", torch.device("cuda"), torch.bfloat16)
+
+
+def test_quantization_settings_become_bitsandbytes_configurations(monkeypatch):
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: object())  # as if installed
+    four = quantization_config("bnb-4bit", torch.device("cuda"), torch.bfloat16)
+    assert four.load_in_4bit and four.bnb_4bit_quant_type == "nf4" and four.bnb_4bit_use_double_quant
+    assert four.bnb_4bit_compute_dtype == torch.bfloat16
+    eight = quantization_config("bnb-8bit", torch.device("cuda:1"), torch.bfloat16)
+    assert eight.load_in_8bit and not eight.load_in_4bit
+    with pytest.raises(ValueError, match="bnb-2bit"):
+        quantization_config("bnb-2bit", torch.device("cuda"), torch.bfloat16)
 
 
 def test_registry_resolves_names_paths_and_hub_ids(tmp_path):

@@ -191,3 +191,15 @@ def test_a_task_started_before_its_admission_travels_without_it():
     data = json.loads(json.dumps(task.to_json()))
     assert data["admission"] is None
     assert GenerationTask.from_json(data).params == task.params
+
+
+@pytest.mark.django_db
+def test_a_task_counted_at_admission_is_not_counted_again_on_its_way_to_the_server(settings, stream_store, monkeypatch):
+    settings.CHAT_UPSTREAMS = [endpoint_from_json(ENDPOINT, "env-1")]
+    upstream = backends.backend().upstream
+    upstream.refresh(force=True)
+    sent: dict[str, object] = {}
+    monkeypatch.setattr(upstream.pool, "submit", lambda job, **kwargs: sent.update(kwargs))
+    monkeypatch.setattr(upstream, "count_prompt_tokens", lambda *_: pytest.fail("counted a second time"))
+    upstream.submit(GenerationTask("s", "remote", "Hi", GenerationParams(max_tokens=5), prompt_tokens=7))
+    assert sent["prompt_tokens"] == 7

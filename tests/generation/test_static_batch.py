@@ -1,0 +1,227 @@
+"""Static-shape decoding (GENERATION_CUDA_GRAPHS): key/value slots, rows padded to buckets.
+
+On a CPU the static path runs without CUDA graphs: the same slots, buckets and masks a
+GPU replays, so what it answers here is what a captured step computes there."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from inference import engine as engine_module
+from inference.batching import Sequence, StaticBatch, TransformersBatch, open_batch, row_bucket
+from inference.engine import Job, failure_message
+from inference.generators import ContextLengthExceeded, GenerationParams
+from tests.conftest import install_engine, wait_for_terminal, wait_until
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain photosynthesis in two sentences. Use simple words.",
+    "Hi",
+    "Why is the sky blue?",
+]
+
+
+def chat(prompt: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": prompt}]
+
+
+def greedy(max_tokens: int) -> GenerationParams:
+    return GenerationParams(max_tokens=max_tokens, temperature=0)
+
+
+@pytest.fixture(scope="module")
+def alone(smollm):
+    """Each prompt's greedy answer from a plain generate() call of its own."""
+    answers: dict[tuple[str, int], str] = {}
+
+    def answer(prompt: str, max_tokens: int) -> str:
+        if (prompt, max_tokens) not in answers:
+            pieces: list[str] = []
+            smollm.generate(chat(prompt), greedy(max_tokens), pieces.append, lambda: False)
+            answers[prompt, max_tokens] = "".join(pieces)
+        return answers[prompt, max_tokens]
+
+    return answer
+
+
+def static_batch(smollm, *, max_rows: int = 8, row_tokens: int = 256) -> StaticBatch:
+    batch = open_batch(smollm, max_rows=max_rows, cuda_graphs="1", row_tokens=row_tokens)
+    assert isinstance(batch, StaticBatch) and not batch.cuda_graphs  # no CUDA here: eager
+    return batch
+
+
+def test_rows_are_padded_up_to_power_of_two_buckets():
+    assert [row_bucket(n) for n in (1, 2, 3, 5, 8, 9, 200, 256)] == [1, 2, 4, 8, 8, 16, 256, 256]
+    assert row_bucket(257) == 512 and row_bucket(512) == 512
+
+
+def test_auto_keeps_the_dynamic_path_on_a_cpu_and_1_takes_the_static_one(smollm):
+    assert type(open_batch(smollm, cuda_graphs="auto")) is TransformersBatch
+    assert type(open_batch(smollm, cuda_graphs="0")) is TransformersBatch
+    assert type(open_batch(smollm, cuda_graphs="1", max_rows=3, row_tokens=64)) is StaticBatch
+
+
+def test_static_slots_answer_like_generate_as_rows_join_and_leave_at_different_steps(smollm, alone):
+    """Rows of different prompt lengths join at steps 0, 3 and 5 and leave at different
+    steps (one from the middle of the slots, so the rows after it move down): every
+    greedy answer is the one generate() gives alone, in float32."""
+    limits = {PROMPTS[0]: 12, PROMPTS[3]: 4, PROMPTS[1]: 12, PROMPTS[2]: 10, PROMPTS[4]: 6}
+    expected = {prompt: alone(prompt, limit) for prompt, limit in limits.items()}
+    joining_at = {0: PROMPTS[:1] + PROMPTS[3:4] + PROMPTS[4:5], 3: PROMPTS[1:2], 5: PROMPTS[2:3]}
+    batch = static_batch(smollm)
+    texts: dict[str, list[str]] = {prompt: [] for prompt in limits}
+    left_at: dict[str, int] = {}
+    step = 0
+    while step == 0 or len(batch):
+        for prompt in joining_at.get(step, []):
+            batch.add(Sequence(chat(prompt), greedy(limits[prompt]), texts[prompt].append, lambda: False))
+        for sequence, outcome in batch.step():
+            assert not isinstance(outcome, Exception)
+            left_at[sequence.prompt[0]["content"]] = step
+        step += 1
+
+    assert {prompt: "".join(pieces) for prompt, pieces in texts.items()} == expected
+    assert left_at[PROMPTS[3]] < left_at[PROMPTS[4]] < left_at[PROMPTS[0]]  # "Hi" left from slot 1 of 3
+    assert len(set(left_at.values())) >= 3
+
+
+def test_a_prompt_longer_than_a_slot_is_refused_and_joins_nothing(smollm):
+    batch = static_batch(smollm, row_tokens=40)
+    long_prompt = chat("Tell me everything about the history of the Roman empire, in detail.")
+    assert smollm.count_prompt_tokens(long_prompt) > 40
+    with pytest.raises(ContextLengthExceeded, match="40 tokens"):
+        batch.add(Sequence(long_prompt, greedy(8), lambda text: None, lambda: False))
+    assert len(batch) == 0
+
+
+def test_an_answer_ends_at_the_end_of_its_slot(smollm):
+    prompt = chat(PROMPTS[2])
+    prompt_tokens = smollm.count_prompt_tokens(prompt)
+    batch = static_batch(smollm, row_tokens=prompt_tokens + 4)
+    batch.add(Sequence(prompt, greedy(50), lambda text: None, lambda: False))
+    finished = []
+    while len(batch):
+        finished += batch.step()
+    [(_, outcome)] = finished
+    assert (outcome.completion_tokens, outcome.finish_reason) == (4, "length")
+
+
+@pytest.fixture(params=["0", "1"], ids=["dynamic", "static"])
+def engine(request, stream_store, smollm):
+    engine = install_engine(
+        stream_store, smollm, scheduler="batched", max_concurrent=4, cuda_graphs=request.param, slot_tokens=256
+    )
+    yield engine
+    engine.stop(timeout=60)
+
+
+def test_the_engine_decodes_on_the_static_path_when_told(stream_store, smollm, alone):
+    engine = install_engine(
+        stream_store, smollm, scheduler="batched", max_concurrent=4, cuda_graphs="1", slot_tokens=256
+    )
+    try:
+        for name, prompt in (("a", PROMPTS[0]), ("b", PROMPTS[4])):
+            engine.submit(Job(name, chat(prompt), greedy(12)))
+        for name, prompt in (("a", PROMPTS[0]), ("b", PROMPTS[4])):
+            events = wait_for_terminal(stream_store, name, timeout=120)
+            assert "".join(e.data["delta"] for e in events if e.type == "token") == alone(prompt, 12)
+            assert events[-1].type == "done"
+    finally:
+        engine.stop(timeout=60)
+
+
+def failing_steps(smollm, monkeypatch, error: Exception):
+    """The model's decoding steps fail with `error` while the returned switch is on."""
+    forward = smollm.model.forward
+    switch = {"on": False}
+
+    def faulty_forward(*args, **kwargs):
+        if switch["on"] and kwargs["input_ids"].shape[1] == 1:
+            raise error
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(smollm.model, "forward", faulty_forward)
+    return switch
+
+
+@pytest.mark.parametrize(
+    "error",
+    [RuntimeError("a decoding step failed"), torch.OutOfMemoryError("CUDA out of memory")],
+    ids=["error", "oom"],
+)
+def test_a_step_failing_for_every_row_ends_them_with_their_text_and_the_engine_goes_on(
+    engine, smollm, alone, monkeypatch, caplog, error
+):
+    switch = failing_steps(smollm, monkeypatch, error)
+    results = {}
+    for name, prompt in (("a", PROMPTS[1]), ("b", PROMPTS[2])):
+        engine.submit(
+            Job(name, chat(prompt), greedy(40), on_finish=lambda result, name=name: results.update({name: result}))
+        )
+    store = engine.store
+    # Both rows have streamed some tokens: now every step fails.
+    wait_until(lambda: all(sum(e.type == "token" for e in store.events(n)) >= 3 for n in "ab"), timeout=120)
+    switch["on"] = True
+    with caplog.at_level(logging.ERROR):
+        ended = {name: wait_for_terminal(store, name, timeout=120) for name in "ab"}
+    switch["on"] = False
+
+    for name, events in ended.items():
+        streamed = "".join(e.data["delta"] for e in events if e.type == "token")
+        assert events[-1].type == "error" and events[-1].data["message"] == failure_message(name)
+        assert streamed and results[name].text == streamed and results[name].status == "error"
+    assert str(error) in caplog.text  # the cause is in the log, not in what clients see
+    # The engine lives on: the next request is answered in full.
+    engine.submit(Job("next", chat(PROMPTS[0]), greedy(12)))
+    events = wait_for_terminal(store, "next", timeout=120)
+    assert events[-1].type == "done"
+    assert "".join(e.data["delta"] for e in events if e.type == "token") == alone(PROMPTS[0], 12)
+
+
+def test_a_row_failing_alone_on_the_static_path_leaves_and_the_others_go_on(smollm, alone, monkeypatch):
+    short, long = chat("Hi"), chat(PROMPTS[2])
+    expected = alone(PROMPTS[2], 16)  # before the model is made faulty
+    short_length = smollm.count_prompt_tokens(short)
+    assert smollm.count_prompt_tokens(long) > short_length + 3
+    forward = smollm.model.forward
+
+    def faulty_forward(*args, **kwargs):  # any step holding the short row at its 4th token fails
+        positions = kwargs.get("position_ids")  # none in the template prefix's own pass
+        if kwargs["input_ids"].shape[1] == 1 and positions is not None and bool((positions == short_length + 3).any()):
+            raise RuntimeError("forward failed for a poisoned row")
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(smollm.model, "forward", faulty_forward)
+    batch = static_batch(smollm)
+    texts: dict[str, list[str]] = {"short": [], "long": []}
+    sequences = {
+        name: Sequence(prompt, greedy(16), texts[name].append, lambda: False)
+        for name, prompt in (("short", short), ("long", long))
+    }
+    for sequence in sequences.values():
+        batch.add(sequence)
+    outcomes = {}
+    while len(batch):
+        outcomes.update(batch.step())
+
+    assert isinstance(outcomes[sequences["short"]], RuntimeError) and texts["short"]
+    assert "".join(texts["long"]) == expected
+
+
+def test_a_batch_that_cannot_be_set_up_fails_each_job_and_the_engine_says_why(stream_store, smollm, monkeypatch):
+    def no_memory_for_slots(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 22.50 GiB")
+
+    monkeypatch.setattr(engine_module, "open_batch", no_memory_for_slots)
+    engine = install_engine(stream_store, smollm, scheduler="batched", max_concurrent=2, cuda_graphs="1")
+    try:
+        engine.submit(Job("a", chat("Hi"), greedy(4)))
+        events = wait_for_terminal(stream_store, "a", timeout=60)
+        assert events[-1].type == "error" and events[-1].data["message"] == failure_message("a")
+        assert "OutOfMemoryError" in (engine.load_error or "")
+    finally:
+        engine.stop(timeout=10)
