@@ -1,4 +1,5 @@
-"""Remake docs/screenshot.png: the chat page mid-answer, in Debian's Chromium.
+"""Remake docs/screenshot.png: the chat page mid-answer, after a regenerated answer (its
+"◀ 2/2 ▶" control shows the kept version), in Debian's Chromium.
 
 .venv/bin/python docs/screenshot.py
 """
@@ -30,10 +31,17 @@ def main() -> None:
         page.fill("[name=password1]", PASSWORD)
         page.fill("[name=password2]", PASSWORD)
         page.get_by_role("button", name="Sign up").click()
+        # Settings chosen before the first message: short, varied answers.
+        page.locator("summary", has_text="Settings").click()
+        page.get_by_label("Temperature").fill("0.7")
+        page.get_by_label("Max tokens").fill("64")
         page.get_by_label("Message").fill("What is the tallest mountain in the world?")
         page.get_by_role("button", name="Send").click()
         page.locator("article[data-status]").last.wait_for()
-        page.wait_for_selector("article[data-status=complete]", timeout=120_000)
+        page.wait_for_selector("article[data-status=complete]", timeout=300_000)
+        page.get_by_role("button", name="Regenerate").click()
+        page.wait_for_selector("article[data-role=assistant] .versions", timeout=30_000)
+        page.wait_for_selector("article[data-status=complete]", timeout=300_000)
         page.get_by_label("Message").fill("Give me three tips for a first climb.")
         page.get_by_role("button", name="Send").click()
         page.locator("article[data-role=assistant]").nth(1).wait_for()

@@ -37,6 +37,16 @@ class PromptForm(forms.Form):
     )
 
 
+class ConversationImportForm(forms.Form):
+    """A conversation file to import; its content is checked by transfer.conversation_document_parse."""
+
+    file = forms.FileField(
+        label="Conversation file (JSON)",
+        widget=forms.ClearableFileInput(attrs={"accept": "application/json,.json"}),
+        error_messages={"required": "Choose a file to import.", "empty": "The file is empty."},
+    )
+
+
 class ConversationRenameForm(forms.ModelForm):
     title = forms.CharField(
         label="Title",

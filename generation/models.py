@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from django.conf import settings
 from django.core.validators import MinValueValidator
@@ -19,6 +20,10 @@ class Conversation(models.Model):
     system_prompt = models.TextField(blank=True)
     temperature = models.FloatField(default=0.2)
     max_tokens = models.PositiveIntegerField(default=512)
+    # The last message of the branch shown and continued (see selectors); empty: the newest message.
+    current_leaf = models.ForeignKey(
+        "Message", on_delete=models.SET_NULL, null=True, blank=True, related_name="+", editable=False
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -41,6 +46,9 @@ class Message(models.Model):
     Status = GenerationStatus
 
     conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="messages")
+    # The message this one follows: a prompt follows an answer (none: it opens the conversation),
+    # an answer its prompt. Messages with the same parent are versions of one another.
+    parent = models.ForeignKey("self", on_delete=models.CASCADE, null=True, blank=True, related_name="children")
     role = models.CharField(max_length=20, choices=Role.choices)
     content = models.TextField(blank=True)
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.COMPLETE)
@@ -67,6 +75,19 @@ class Message(models.Model):
 
     def __str__(self) -> str:
         return f"{self.role}: {self.content[:40]}"
+
+    def save(self, *args: Any, root: bool = False, **kwargs: Any) -> None:
+        """Save; a new message given no parent continues the branch shown (as messages
+        written by a script or an older caller always did), unless it is a `root`: a
+        first prompt, or a version of one."""
+        appended = self._state.adding and self.parent_id is None and not root
+        leaf = self.conversation.current_leaf_id if appended else None
+        if appended:
+            last = self.conversation.messages.order_by("-created_at", "-id").first()
+            self.parent_id = leaf or (last.pk if last else None)
+        super().save(*args, **kwargs)
+        if leaf is not None:  # the branch shown grows by this message
+            Conversation.objects.filter(pk=self.conversation_id, current_leaf_id=leaf).update(current_leaf=self)
 
     @property
     def streaming(self) -> bool:

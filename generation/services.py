@@ -29,7 +29,7 @@ from generation.dispatch import QUEUE_PRODUCER
 from generation.jobs import engine_thread_task
 from generation.models import Conversation, Message
 from generation.response_cache import CachedAnswer, CacheLookup, response_cache_lookup
-from generation.selectors import chat_history, last_exchange
+from generation.selectors import MessageTree, chat_history
 from inference.backend import Admission, GenerationTask
 from inference.engine import EngineOverloaded, GenerationResult, Job
 from inference.generators import ContextLengthExceeded, GenerationParams, Prompt, UnfitPrompt, check_prompt
@@ -280,14 +280,16 @@ def generation_claims(*, claims: dict[str, int | None], producer: str) -> set[st
 
 
 def message_send(*, conversation: Conversation, prompt: str, channel: str = "ui") -> tuple[Message, Message]:
-    """Save the prompt and a streaming answer, and start the answer's generation.
+    """Save the prompt and a streaming answer at the end of the chosen branch, and start
+    the answer's generation.
 
     `conversation` may be new (from conversation_new): it is saved with its first prompt.
     The answer is admitted before anything is saved, so a refusal (QuotaExceeded,
     InvalidRequest) leaves no trace; a full queue (EngineOverloaded) removes what was saved.
     """
     is_new = conversation._state.adding
-    history = [*chat_history(conversation), {"role": "user", "content": prompt}]
+    path = MessageTree(conversation).thread()
+    history = [*chat_history(conversation, path), {"role": "user", "content": prompt}]
     admitted = _answer_admit(conversation, history, channel=channel)
     with transaction.atomic():
         if not conversation.title:
@@ -296,8 +298,9 @@ def message_send(*, conversation: Conversation, prompt: str, channel: str = "ui"
                 conversation.save(update_fields=["title", "updated_at"])
         if is_new:
             conversation.save()
-        prompt_message = conversation.messages.create(role=Message.Role.USER, content=prompt)
-        answer = _answer_create(conversation, admitted)
+        parent = path[-1] if path else None
+        prompt_message = conversation.messages.create(role=Message.Role.USER, content=prompt, parent=parent)
+        answer = _answer_create(conversation, admitted, prompt_message)
     try:
         _answer_submit(answer, admitted)
     except Exception:
@@ -305,55 +308,85 @@ def message_send(*, conversation: Conversation, prompt: str, channel: str = "ui"
             conversation.delete()
         else:
             prompt_message.delete()
+            _leaf_save(conversation, parent)
         raise
     return prompt_message, answer
 
 
-class MessageNotLast(ValueError):
-    """Only the last prompt of a conversation, and its newest answer, can be redone."""
+class CannotRegenerate(ValueError):
+    """The answer cannot be regenerated: it is still being written, or answers no prompt."""
 
 
 def message_regenerate(*, answer: Message, channel: str = "ui") -> Message:
-    """Start a new answer to the prompt that `answer` answered; `answer` is kept.
+    """Start a new version of `answer`: another answer to the same prompt, which becomes the
+    branch shown. `answer` is kept, one click away.
 
-    Only the newest, finished answer to the conversation's last prompt can be
-    regenerated (MessageNotLast otherwise). Refusals are raised as by message_send,
-    and then nothing was saved.
+    Raises CannotRegenerate while `answer` is still being written. Refusals are raised as
+    by message_send, and then nothing was saved.
     """
     conversation = answer.conversation
-    prompt, newest = last_exchange(conversation)
-    if answer.role != Message.Role.ASSISTANT or prompt is None or newest is None or newest.pk != answer.pk:
-        raise MessageNotLast("Only the last answer can be regenerated.")
+    if answer.role != Message.Role.ASSISTANT or answer.parent is None:
+        raise CannotRegenerate("Only an answer to a prompt can be regenerated.")
     if answer.streaming:
-        raise MessageNotLast("This answer is still being written; stop it first.")
-    admitted = _answer_admit(conversation, chat_history(conversation, through=prompt), channel=channel)
+        raise CannotRegenerate("This answer is still being written; stop it first.")
+    prompt = answer.parent
+    tree = MessageTree(conversation)
+    before = tree.leaf()
+    history = chat_history(conversation, tree.path(prompt))
+    admitted = _answer_admit(conversation, history, channel=channel)
     with transaction.atomic():
-        new_answer = _answer_create(conversation, admitted)
-    _answer_submit(new_answer, admitted)
+        new_answer = _answer_create(conversation, admitted, prompt)
+    try:
+        _answer_submit(new_answer, admitted)
+    except Exception:
+        _leaf_save(conversation, before)
+        raise
     return new_answer
 
 
-def message_edit(*, prompt: Message, content: str, channel: str = "ui") -> Message:
-    """Replace the text of the last prompt and start a new answer to it.
+def message_edit(*, prompt: Message, content: str, channel: str = "ui") -> tuple[Message, Message]:
+    """Ask an edited prompt: a new version of `prompt` with its own answer, which becomes the
+    branch shown. `prompt` and everything after it are kept as the other branch.
 
-    Earlier answers stay in the database, as with message_regenerate. Raises
-    MessageNotLast for any other message; after a refusal the prompt keeps its text.
+    Returns the new prompt and its streaming answer. Refusals are raised as by
+    message_send, and then nothing was saved.
     """
     conversation = prompt.conversation
-    last_prompt, newest = last_exchange(conversation)
-    if prompt.role != Message.Role.USER or last_prompt is None or last_prompt.pk != prompt.pk:
-        raise MessageNotLast("Only your last prompt can be edited.")
-    if newest is not None and newest.streaming:
-        raise MessageNotLast("The answer to this prompt is still being written; stop it first.")
-    history = chat_history(conversation, through=prompt)
-    history[-1] = {"role": "user", "content": content}
+    if prompt.role != Message.Role.USER:
+        raise ValueError("Only a prompt can be edited.")
+    tree = MessageTree(conversation)
+    before = tree.leaf()
+    earlier = tree.path(prompt.parent)
+    history = [*chat_history(conversation, earlier), {"role": "user", "content": content}]
     admitted = _answer_admit(conversation, history, channel=channel)
     with transaction.atomic():
-        answer = _answer_create(conversation, admitted)
-    _answer_submit(answer, admitted)
-    prompt.content = content
-    prompt.save(update_fields=["content", "updated_at"])
-    return answer
+        edited = Message(conversation=conversation, role=Message.Role.USER, content=content, parent=prompt.parent)
+        edited.save(root=True)  # a version of a first prompt has no parent either
+        answer = _answer_create(conversation, admitted, edited)
+    try:
+        _answer_submit(answer, admitted)
+    except Exception:
+        edited.delete()
+        _leaf_save(conversation, before)
+        raise
+    return edited, answer
+
+
+def message_choose(*, message: Message) -> Message:
+    """Show the branch through `message` (a version picked with ◀ ▶): its newest branch
+    below it becomes the conversation's current leaf, for the page and the next prompt.
+    Returns that leaf."""
+    conversation = message.conversation
+    leaf = MessageTree(conversation).newest_leaf(message)
+    _leaf_save(conversation, leaf)
+    return leaf
+
+
+def _leaf_save(conversation: Conversation, leaf: Message | None) -> None:
+    # update(): choosing a branch neither moves the conversation up the list nor races a
+    # concurrent save of its other fields.
+    conversation.current_leaf = leaf
+    Conversation.objects.filter(pk=conversation.pk).update(current_leaf=leaf)
 
 
 def _answer_admit(conversation: Conversation, history: list[dict[str, str]], *, channel: str) -> Admitted:
@@ -373,17 +406,21 @@ def _answer_admit(conversation: Conversation, history: list[dict[str, str]], *, 
     return admitted if retrieval is None else replace(admitted, sources=retrieval.sources)
 
 
-def _answer_create(conversation: Conversation, admitted: Admitted) -> Message:
-    """The streaming answer of an admitted generation; the conversation moves up the list."""
-    conversation.save(update_fields=["updated_at"])
-    return conversation.messages.create(
+def _answer_create(conversation: Conversation, admitted: Admitted, prompt: Message) -> Message:
+    """The streaming answer of an admitted generation to `prompt`, at the end of the branch
+    shown; the conversation moves up the list."""
+    answer = conversation.messages.create(
         role=Message.Role.ASSISTANT,
+        parent=prompt,
         status=Message.Status.STREAMING,
         stream_id=admitted.stream_id,
         model=conversation.model,
         producer=admitted.producer,
         sources=admitted.sources or [],
     )
+    conversation.current_leaf = answer
+    conversation.save(update_fields=["current_leaf", "updated_at"])
+    return answer
 
 
 def _answer_submit(answer: Message, admitted: Admitted) -> None:
@@ -396,7 +433,7 @@ def _answer_submit(answer: Message, admitted: Admitted) -> None:
         if stages:
             # Its stream ends too, so that it expires like any other (append_many: never raises).
             runtime.stream_store().append_many([(admitted.stream_id, "error", {"message": "not started"})])
-        answer.delete()
+        answer.delete()  # the conversation's current leaf goes back to its newest message
         raise
 
 
@@ -431,8 +468,15 @@ def message_stop(*, message: Message) -> bool:
 
 
 def _first_prompt_title(prompt: str) -> str:
-    """A new conversation's title until the model has given it a better one."""
-    return " ".join(prompt.split())[:TITLE_LENGTH]
+    """A new conversation's title, and what it keeps when the model's attempt is no title:
+    the first prompt's words, as many whole words as fit."""
+    title = " ".join(prompt.split())
+    if len(title) <= TITLE_LENGTH:
+        return title
+    cut = title[: TITLE_LENGTH - 1]
+    if " " in cut:
+        cut = cut.rsplit(" ", 1)[0]  # whole words only
+    return cut.rstrip(" ,;:.-") + "…"
 
 
 TITLE_REQUEST = "Write a title of three to six words for this conversation. Reply with the title only."
@@ -478,18 +522,68 @@ TITLE_PARAMS = GenerationParams(max_tokens=16, temperature=0.0)
 
 
 def conversation_save_title(conversation_id: uuid.UUID, replacing: str, result: GenerationResult) -> None:
-    """Save a generated title, unless the conversation was renamed meanwhile."""
-    title = clean_title(result.text) if result.status == "complete" else ""
+    """Save a generated title, unless the conversation was renamed meanwhile or the model's
+    attempt is no title (then the first prompt's words stay)."""
+    # A title that ran into the token limit was cut off mid-phrase.
+    finished = result.status == "complete" and result.finish_reason == "stop"
+    title = clean_title(result.text) if finished else ""
     if title:
         # update() leaves updated_at alone: a new title does not move the conversation up.
         Conversation.objects.filter(pk=conversation_id, title=replacing).update(title=title)
 
 
+TITLE_MAX_WORDS = 8
+# What small models answer instead of a title: lead-ins, refusals, placeholders.
+_LEAD_IN = re.compile(
+    r"^(sure|certainly|of course|okay|ok|here(\s+is|['\u2019]s|\s+are)"
+    r"|i(['\u2019]d|['\u2019]ll|['\u2019]m| would| will| can| cannot| can't| am)"
+    r"|as an ai|a (good|possible|suitable) title|the title|title suggestions?|suggested title)\b",
+    re.IGNORECASE,
+)
+_LABEL = re.compile(r"^\W*(conversation\s+)?title\s*[:\-\u2013\u2014]\s*", re.IGNORECASE)
+_GENERIC_TITLES = frozenset(
+    {
+        "title",
+        "new chat",
+        "chat",
+        "conversation",
+        "a conversation",
+        "the conversation",
+        "conversation title",
+        "untitled",
+        "no title",
+        "question",
+        "questions",
+        "help",
+        "hello",
+        "hi",
+        "greeting",
+        "greetings",
+    }
+)
+_QUOTES = "\"'`\u2018\u2019\u201c\u201d"
+# A title does not end on these: the model was cut off, or wrote a sentence.
+_DANGLING = frozenset({"a", "an", "the", "to", "of", "and", "or", "for", "with", "in", "on", "is", "are"})
+
+
 def clean_title(text: str) -> str:
-    """The model's title without a lead-in line, quotes, a "Title:" label or a full stop."""
-    lines = [line for line in text.splitlines() if line.strip()]
+    """The model's title, tidied (no "Title:" label, quotes, Markdown or full stop), or ""
+    when what it wrote is no title: empty, a lead-in or refusal, generic, unfinished, or
+    longer than a title (TITLE_MAX_WORDS words, TITLE_LENGTH characters)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
     # Small models often announce the title ("Here's a title:") on a line of its own.
-    line = next((line for line in lines if not line.rstrip().endswith(":")), lines[0] if lines else "")
-    line = re.sub(r"^\W*title\s*:\s*", "", line.strip(), flags=re.IGNORECASE)
-    line = line.strip().strip("\"'*#` \u2018\u2019\u201c\u201d").rstrip(".")
-    return line[:TITLE_LENGTH].strip()
+    line = next((line for line in lines if not line.endswith(":")), "")
+    if _LEAD_IN.match(line) and ":" in line:
+        line = line.rsplit(":", 1)[1]  # "Sure! Here is a title: Lisbon in May"
+    line = _LABEL.sub("", line).strip().strip("*#_ ").strip()
+    if line.count('"') % 2 or sum(line.count(quote) for quote in "\u201c\u201d") % 2:
+        return ""  # an opened quote never closed: cut off
+    line = line.strip(_QUOTES + "*_ ").rstrip(".").strip()
+    words = line.split()
+    if not words or _LEAD_IN.match(line) or line.lower().rstrip("!?") in _GENERIC_TITLES:
+        return ""
+    if len(words) > TITLE_MAX_WORDS or len(line) > TITLE_LENGTH or words[-1].lower() in _DANGLING:
+        return ""
+    if line.endswith((",", ";", ":", "-")):
+        return ""
+    return line

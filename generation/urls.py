@@ -12,8 +12,13 @@ urlpatterns = [
     path("<uuid:conversation_id>/rename/", views.conversation_rename, name="conversation_rename"),
     path("<uuid:conversation_id>/delete/", views.conversation_delete, name="conversation_delete"),
     path("<uuid:conversation_id>/settings/", views.conversation_settings, name="conversation_settings"),
+    path("<uuid:conversation_id>/export.md", views.conversation_export_markdown, name="conversation_export_markdown"),
+    path("<uuid:conversation_id>/export.json", views.conversation_export_json, name="conversation_export_json"),
+    path("data/", views.your_data, name="your_data"),
+    path("data/export.json", views.your_data_export, name="your_data_export"),
     path("streams/<str:stream_id>/", views.answer_stream, name="answer_stream"),
     path("messages/<int:message_id>/stop/", views.message_stop, name="message_stop"),
     path("messages/<int:message_id>/regenerate/", views.message_regenerate, name="message_regenerate"),
     path("messages/<int:message_id>/edit/", views.message_edit, name="message_edit"),
+    path("messages/<int:message_id>/choose/", views.message_choose, name="message_choose"),
 ]

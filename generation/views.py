@@ -14,6 +14,7 @@ from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
 from django.db import connection
+from django.forms.models import model_to_dict
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
@@ -25,10 +26,11 @@ from django_htmx.middleware import HtmxDetails
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from accounts.services import account_for, quota_for
-from generation import runtime, search, services, sse
+from generation import runtime, search, services, sse, transfer
 from generation.backends import backend
 from generation.forms import (
     CONVERSATIONS_PER_PAGE,
+    ConversationImportForm,
     ConversationPageForm,
     ConversationRenameForm,
     ConversationSettingsForm,
@@ -39,7 +41,7 @@ from generation.metrics import export_loads
 from generation.models import Conversation, Message
 from generation.reaping import message_mark_interrupted
 from generation.refusals import REFUSALS, UNREACHABLE, Refusal, refusal_of
-from generation.selectors import thread
+from generation.selectors import MessageTree, Versions
 from inference.streams import StreamEvent, StreamNotFound, coalesced
 
 # Ask EventSource to reconnect after 1 s (instead of its default 3 s) when a connection drops.
@@ -63,7 +65,7 @@ def chat(request: HtmxHttpRequest) -> HttpResponse:
     """A new, empty chat; its first prompt creates the conversation."""
     if request.method == "POST":
         return _send(request, None)
-    return _page(request, None, PromptForm())
+    return _page(request, None, PromptForm(), {"settings_form": _new_chat_settings_form(request)})
 
 
 @login_required
@@ -174,9 +176,14 @@ def answer_events(events: list[StreamEvent]) -> bytes:
 
 
 async def _final_event(message_pk: int, seq: int | None) -> bytes:
-    message = await Message.objects.aget(pk=message_pk)
-    html = await sync_to_async(render_to_string)("generation/_message.html", {"message": message})
+    html = await sync_to_async(_message_html)(message_pk)
     return sse.event(html, name="done", id=seq)
+
+
+def _message_html(message_pk: int) -> str:
+    message = Message.objects.select_related("conversation").get(pk=message_pk)
+    versions = MessageTree(message.conversation).versions(message)
+    return render_to_string("generation/_message.html", {"message": message, "versions": versions})
 
 
 @login_required
@@ -220,6 +227,61 @@ def conversation_delete(request: HtmxHttpRequest, conversation_id: UUID) -> Http
 
 
 @login_required
+@require_GET
+def conversation_export_markdown(request: HtmxHttpRequest, conversation_id: UUID) -> HttpResponse:
+    """The branch shown, as Markdown to read."""
+    found = get_object_or_404(Conversation, id=conversation_id, user=request.user)
+    response = HttpResponse(transfer.conversation_markdown(found), content_type="text/markdown; charset=utf-8")
+    return _attachment(response, transfer.download_name(found, "md"))
+
+
+@login_required
+@require_GET
+def conversation_export_json(request: HtmxHttpRequest, conversation_id: UUID) -> HttpResponse:
+    """The conversation with every branch, as JSON that the import takes back."""
+    found = get_object_or_404(Conversation, id=conversation_id, user=request.user)
+    return _attachment(_json_download(transfer.conversation_document(found)), transfer.download_name(found, "json"))
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def your_data(request: HtmxHttpRequest) -> HttpResponse:
+    """Export all of one's data; import a conversation exported as JSON (as a new one)."""
+    posted = request.method == "POST"
+    form = ConversationImportForm(request.POST, request.FILES) if posted else ConversationImportForm()
+    if posted and form.is_valid():
+        try:
+            document = transfer.conversation_document_parse(form.cleaned_data["file"].read())
+            limit = account_for(request.user).limits.max_tokens_per_request
+            imported = transfer.conversation_import(
+                user=request.user, document=document, models=backend().models(), max_tokens=limit
+            )
+        except transfer.ImportRefused as refused:
+            form.add_error("file", str(refused))
+        else:
+            return redirect(imported)
+    context = {"import_form": form, "conversation_count": request.user.conversations.count()}
+    return render(request, "generation/your_data.html", context, status=400 if form.errors else 200)
+
+
+@login_required
+@require_GET
+def your_data_export(request: HtmxHttpRequest) -> HttpResponse:
+    """Every conversation of the user, every branch, in one JSON download."""
+    return _attachment(_json_download(transfer.user_document(request.user)), "chatsite-data.json")
+
+
+def _json_download(document: dict[str, Any]) -> HttpResponse:
+    return JsonResponse(document, json_dumps_params={"ensure_ascii": False, "indent": 2})
+
+
+def _attachment(response: HttpResponse, filename: str) -> HttpResponse:
+    """A download; `filename` is plain (letters, digits, dashes, a dot): no quoting needed."""
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    return response
+
+
+@login_required
 @require_POST
 def conversation_settings(request: HtmxHttpRequest, conversation_id: UUID) -> HttpResponse:
     """Save the model and sampling settings that the conversation's next answers use."""
@@ -240,24 +302,22 @@ def conversation_settings(request: HtmxHttpRequest, conversation_id: UUID) -> Ht
 @login_required
 @require_POST
 def message_regenerate(request: HtmxHttpRequest, message_id: int) -> HttpResponse:
-    """A new answer to the last prompt, in place of its last answer (which is kept)."""
+    """A new version of an answer, shown in its place; the earlier one stays a click away."""
     answer = get_object_or_404(Message, pk=message_id, conversation__user=request.user, role=Message.Role.ASSISTANT)
     try:
-        new_answer = services.message_regenerate(answer=answer)
-    except services.MessageNotLast as error:
-        return _not_last(request, answer, str(error))
+        services.message_regenerate(answer=answer)
+    except services.CannotRegenerate as error:
+        return _message_refused(request, answer, Refusal(400, None, str(error), None))
     except REFUSALS as error:
         return _message_refused(request, answer, refusal_of(error))
-    if not request.htmx:
-        return redirect(answer.conversation)
-    context = {"messages": [new_answer], "quota": _quota_meter(request)}
-    return render(request, "generation/_answered.html", context)
+    return _branch_shown(request, answer.conversation)
 
 
 @login_required
 @require_POST
 def message_edit(request: HtmxHttpRequest, message_id: int) -> HttpResponse:
-    """Replace the text of the last prompt and answer it again; earlier answers are kept."""
+    """Ask an edited prompt as a new version of it; the earlier prompt and its answers stay
+    as another branch."""
     prompt = get_object_or_404(Message, pk=message_id, conversation__user=request.user, role=Message.Role.USER)
     form = PromptForm(request.POST)
     if not form.is_valid():
@@ -266,20 +326,28 @@ def message_edit(request: HtmxHttpRequest, message_id: int) -> HttpResponse:
         return _message_refused(request, prompt, invalid, edited=form.data.get("prompt", ""))
     text = form.cleaned_data["prompt"]
     try:
-        answer = services.message_edit(prompt=prompt, content=text)
-    except services.MessageNotLast as error:
-        return _not_last(request, prompt, str(error))
+        services.message_edit(prompt=prompt, content=text)
     except REFUSALS as error:
         return _message_refused(request, prompt, refusal_of(error), edited=text)
+    return _branch_shown(request, prompt.conversation)
+
+
+@login_required
+@require_POST
+def message_choose(request: HtmxHttpRequest, message_id: int) -> HttpResponse:
+    """Show another version of a message (◀ ▶), and the branch that follows it."""
+    message = get_object_or_404(Message, pk=message_id, conversation__user=request.user)
+    services.message_choose(message=message)
+    return _branch_shown(request, message.conversation)
+
+
+def _branch_shown(request: HtmxHttpRequest, conversation: Conversation) -> HttpResponse:
+    """The conversation's chosen branch after a change to it: its messages for HTMX (they
+    replace the whole list, since what follows the changed message changes too)."""
     if not request.htmx:
-        return redirect(prompt.conversation)
-    earlier = prompt.conversation.messages.filter(role=Message.Role.ASSISTANT, created_at__gte=prompt.created_at)
-    context = {
-        "messages": [prompt, answer],
-        "replaced": earlier.exclude(pk=answer.pk).last(),
-        "quota": _quota_meter(request),
-    }
-    return render(request, "generation/_answered.html", context)
+        return redirect(conversation)
+    context = {"thread": _thread(conversation), "quota": _quota_meter(request)}
+    return render(request, "generation/_branch.html", context)
 
 
 def _message_refused(
@@ -291,7 +359,8 @@ def _message_refused(
         context["edited"] = edited
     status = _page_status(request, refusal)
     if request.htmx:
-        response = render(request, "generation/_message.html", {"message": message, **context}, status=status)
+        context |= {"thread": _thread(message.conversation), "quota": _quota_meter(request)}
+        response = render(request, "generation/_branch.html", context, status=status)
     else:
         response = _page(request, message.conversation, PromptForm(), context, status=status)
     if refusal.retry_after is not None:
@@ -304,31 +373,27 @@ def _page_status(request: HtmxHttpRequest, refusal: Refusal) -> int:
     return 422 if refusal.status == 400 and request.htmx else refusal.status
 
 
-def _not_last(request: HtmxHttpRequest, message: Message, error: str) -> HttpResponse:
-    """A Regenerate or Edit of a message that is no longer the last (the page offers neither)."""
-    if request.htmx:
-        return HttpResponse(error, status=400, content_type="text/plain; charset=utf-8")
-    return _page(request, message.conversation, PromptForm(), {"page_error": error}, status=400)
-
-
 def _send(request: HtmxHttpRequest, conversation: Conversation | None) -> HttpResponse:
     form = PromptForm(request.POST)
-    if not form.is_valid():
-        return _refuse(request, conversation, form, status=422)
     is_new = conversation is None
     # A new conversation is saved only once its first answer is admitted: a refused send
     # leaves nothing behind for this user's other requests to trip over.
-    sending = services.conversation_new(user=request.user) if conversation is None else conversation
+    new_settings = _new_chat_settings_form(request, request.POST) if is_new else None
+    if not form.is_valid() or (new_settings is not None and not new_settings.is_valid()):
+        return _refuse(request, conversation, form, status=422, settings_form=new_settings)
+    sending = new_settings.instance if new_settings is not None else conversation
+    assert sending is not None
     try:
         prompt, answer = services.message_send(conversation=sending, prompt=form.cleaned_data["prompt"])
     except REFUSALS as error:
-        return _refuse_generation(request, conversation, form, refusal_of(error))
+        return _refuse_generation(request, conversation, form, refusal_of(error), settings_form=new_settings)
     conversation = sending
     if not request.htmx:
         return redirect(conversation)
+    tree = MessageTree(conversation)
     context = {
         "conversation": conversation,
-        "messages": [prompt, answer],
+        "sent": [(message, tree.versions(message)) for message in (prompt, answer)],
         "form": PromptForm(),
         "is_new": is_new,
         "quota": _quota_meter(request),
@@ -345,23 +410,33 @@ def _refuse_generation(
     conversation: Conversation | None,
     form: PromptForm,
     refusal: Refusal,
+    *,
+    settings_form: ConversationSettingsForm | None = None,
 ) -> HttpResponse:
     """Say in words why the answer could not start; the prompt stays in the box."""
     form.add_error(None, refusal.words)
-    response = _refuse(request, conversation, form, status=_page_status(request, refusal))
+    status = _page_status(request, refusal)
+    response = _refuse(request, conversation, form, status=status, settings_form=settings_form)
     if refusal.retry_after is not None:
         response["Retry-After"] = str(refusal.retry_after)
     return response
 
 
 def _refuse(
-    request: HtmxHttpRequest, conversation: Conversation | None, form: PromptForm, *, status: int
+    request: HtmxHttpRequest,
+    conversation: Conversation | None,
+    form: PromptForm,
+    *,
+    status: int,
+    settings_form: ConversationSettingsForm | None = None,
 ) -> HttpResponse:
+    """The prompt back in its box with what went wrong (and a new chat's settings as chosen)."""
+    extra = {"settings_form": settings_form} if settings_form is not None else {}
     if request.htmx:
-        context = {"conversation": conversation, "form": form, "quota": _quota_meter(request)}
+        context = {"conversation": conversation, "form": form, "quota": _quota_meter(request), **extra}
         response = render(request, "generation/_refused.html", context, status=status)
         return reswap(retarget(response, "#composer"), "outerHTML")
-    return _page(request, conversation, form, status=status)
+    return _page(request, conversation, form, extra, status=status)
 
 
 def _page(
@@ -398,12 +473,10 @@ def _conversation_page(user: User, page: int) -> tuple[Sequence[Mapping[str, Any
     return rows[:CONVERSATIONS_PER_PAGE], len(rows) > CONVERSATIONS_PER_PAGE
 
 
-def _thread(conversation: Conversation) -> list[tuple[Message, bool]]:
-    """The messages shown, and whether a later prompt follows each: only the last prompt
-    can be edited and only its answer regenerated."""
-    shown = thread(conversation)
-    last_prompt = max((i for i, message in enumerate(shown) if message.role == Message.Role.USER), default=-1)
-    return [(message, i < last_prompt) for i, message in enumerate(shown)]
+def _thread(conversation: Conversation) -> list[tuple[Message, Versions]]:
+    """The chosen branch's messages, each with its versions (for "◀ 2/3 ▶")."""
+    tree = MessageTree(conversation)
+    return [(message, tree.versions(message)) for message in tree.thread()]
 
 
 def _header_context(conversation: Conversation) -> dict[str, Any]:
@@ -413,6 +486,24 @@ def _header_context(conversation: Conversation) -> dict[str, Any]:
 def _settings_form(request: HtmxHttpRequest, conversation: Conversation, data: Any = None) -> ConversationSettingsForm:
     limit = account_for(request.user).limits.max_tokens_per_request
     return ConversationSettingsForm(data, instance=conversation, max_tokens_limit=limit)
+
+
+def _new_chat_settings_form(request: HtmxHttpRequest, posted: Any = None) -> ConversationSettingsForm:
+    """The settings of a chat not started yet: its fields belong to the composer's form, so
+    the first prompt carries them and they apply from the first answer. A field not sent
+    keeps its default."""
+    conversation = services.conversation_new(user=request.user)
+    # A plan that allows fewer tokens than the default starts there, not with an error.
+    limit = account_for(request.user).limits.max_tokens_per_request
+    conversation.max_tokens = min(conversation.max_tokens, limit)
+    data = None
+    if posted is not None:
+        defaults = model_to_dict(conversation, fields=ConversationSettingsForm.Meta.fields)
+        data = {name: posted.get(name, default) for name, default in defaults.items()}
+    form = _settings_form(request, conversation, data)
+    for field in form.fields.values():
+        field.widget.attrs["form"] = "composer"
+    return form
 
 
 @dataclass(frozen=True)

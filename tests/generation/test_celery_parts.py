@@ -24,7 +24,7 @@ from inference.backend import GenerationTask
 from inference.engine import EngineOverloaded, GenerationResult
 from inference.generators import GenerationParams, SyntheticGenerator, load_chat_tokenizer
 from inference.registry import resolve_model
-from tests.conftest import wait_for_terminal, wait_until
+from tests.conftest import install_engine, wait_for_terminal, wait_until
 
 # The engine's threads write while tests read: no test-wide transaction holding locks.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -345,7 +345,15 @@ def _titles(settings):
     settings.CHAT_AUTO_TITLE = True
 
 
-def test_a_new_conversation_gets_the_models_title(alice, fast_engine):
+@pytest.fixture
+def titling_engine(stream_store):
+    """The synthetic model writing four words, which make a title."""
+    engine = install_engine(stream_store, SyntheticGenerator(tokens_per_s=500, answer_words=4))
+    yield engine
+    engine.stop(timeout=10)
+
+
+def test_a_new_conversation_gets_the_models_title(alice, titling_engine):
     answer = first_exchange(alice)
 
     assert app.tasks["generation.title"](answer.pk)
@@ -387,27 +395,88 @@ def test_a_rename_during_titling_wins(alice, stream_store):
         ("**How tides work**", "How tides work"),
         ("Here's a possible title for the conversation:\n\nPython: A Beginner", "Python: A Beginner"),
         ("\n\n  ", ""),
-        ("x" * 100, "x" * 60),
+        ("Sure! Here is a title: Lisbon in May", "Lisbon in May"),
+        ("Don't Panic", "Don't Panic"),
     ],
 )
 def test_titles_are_cleaned(text, title):
     assert services.clean_title(text) == title
 
 
-def test_finishing_a_first_answer_asks_for_a_title(alice_client, alice, fast_engine):
+@pytest.mark.parametrize(
+    "text",
+    [
+        # What SmolLM2-135M wrote when asked to title real first exchanges here.
+        "The Great Barrier Reef is the largest coral reef in the world, with a height",
+        "In the heart of autumn leaves, a moment to cherish,\nA moment to",
+        "Here's a possible title for the conversation:\n\n\"How to Use a",
+        # And what small models are known to write instead of a title.
+        "Here's a possible title for the conversation:",
+        "Conversation Title:",
+        "New Chat",
+        '"Untitled"',
+        "I'm sorry, I can't help with that.",
+        "Sure! I can help with that.",
+        "x" * 100,
+        "",
+    ],
+)
+def test_what_is_no_title_is_refused(text):
+    assert services.clean_title(text) == ""
+
+
+def test_a_refused_title_leaves_the_first_prompts_words(alice, stream_store):
+    answer = first_exchange(alice)
+    result = GenerationResult(
+        text="Here's a possible title for the conversation:", status="complete", finish_reason="stop"
+    )
+
+    services.conversation_save_title(answer.conversation_id, "please explain tides", result)
+
+    assert Conversation.objects.get(pk=answer.conversation_id).title == "please explain tides"
+
+
+def test_a_title_cut_off_by_the_token_limit_is_not_used(alice, stream_store):
+    answer = first_exchange(alice)
+    result = GenerationResult(text="Tides and the Moon", status="complete", finish_reason="length")
+
+    services.conversation_save_title(answer.conversation_id, "please explain tides", result)
+
+    assert Conversation.objects.get(pk=answer.conversation_id).title == "please explain tides"
+
+
+def test_a_long_first_prompt_titles_with_whole_words():
+    prompt = "Could you please explain to me how the tides of the oceans work, and why there are two a day?"
+
+    title = services._first_prompt_title(prompt)
+
+    assert title == "Could you please explain to me how the tides of the oceans…"
+    assert len(title) <= services.TITLE_LENGTH
+
+
+def test_finishing_a_first_answer_asks_for_a_title(alice_client, alice, titling_engine):
     alice_client.post("/chat/", {"prompt": "please explain tides"})
     conversation = Conversation.objects.get(user=alice)
 
     wait_until(lambda: Conversation.objects.get(pk=conversation.pk).title != "please explain tides", 10)
 
 
-def test_real_model_titles_a_conversation(alice, real_engine):
+def test_real_model_titles_a_conversation_or_leaves_the_first_prompts_words(alice, real_engine, monkeypatch):
     answer = first_exchange(alice)
+    attempts: list[str] = []
+    save = services.conversation_save_title
+
+    def recorded(conversation_id, replacing, result):
+        save(conversation_id, replacing, result)
+        attempts.append(result.text)
+
+    monkeypatch.setattr(services, "conversation_save_title", recorded)
 
     assert services.conversation_title_start(answer_id=answer.pk)
 
-    wait_until(lambda: Conversation.objects.get(pk=answer.conversation_id).title != "please explain tides", 60)
+    wait_until(lambda: bool(attempts), 60)
     title = Conversation.objects.get(pk=answer.conversation_id).title
+    assert title in (services.clean_title(attempts[0]) or "please explain tides", "please explain tides")
     assert title.strip() and len(title) <= services.TITLE_LENGTH
 
 

@@ -280,11 +280,79 @@ def test_the_max_tokens_limit_follows_the_users_plan(alice, alice_client):
     assert 'max="64"' in page and "1 to 64 on your plan." in page
 
 
-def test_settings_are_shown_on_a_conversation_but_not_on_a_new_chat(alice, alice_client):
+def test_settings_are_shown_on_a_conversation_and_on_a_new_chat(alice, alice_client):
     conversation = Conversation.objects.create(user=alice, model=settings.CHAT_MODEL, max_tokens=99)
-    assert 'id="settings"' not in alice_client.get(reverse("generation:chat")).content.decode()
     page = alice_client.get(conversation.get_absolute_url()).content.decode()
     assert "<summary>Settings</summary>" in page and 'value="99"' in page
+    new_chat = alice_client.get(reverse("generation:chat")).content.decode()
+    # Its fields belong to the composer, so the first prompt carries them.
+    for field in ("model", "system_prompt", "temperature", "max_tokens"):
+        assert re.search(
+            rf'<(select|textarea|input)[^>]*name="{field}"[^>]*form="composer"|'
+            rf'<(select|textarea|input)[^>]*form="composer"[^>]*name="{field}"',
+            new_chat,
+        )
+    assert 'value="512"' in new_chat and 'value="0.2"' in new_chat
+
+
+def test_a_plan_below_the_default_max_tokens_starts_new_chats_at_its_limit(alice, alice_client, fast_engine):
+    Account.objects.filter(pk=account_for(alice).pk).update(max_tokens_per_request=64)
+
+    assert 'value="64"' in alice_client.get(reverse("generation:chat")).content.decode()
+    response = alice_client.post(reverse("generation:chat"), {"prompt": "Hello"}, **HTMX)
+
+    assert response.status_code == 200
+    assert Conversation.objects.get(user=alice).max_tokens == 64
+
+
+def test_settings_chosen_on_a_new_chat_apply_to_its_first_answer(alice, alice_client, seen):
+    data = settings_data(system_prompt="Answer like a pirate.", temperature=0.9, max_tokens=6)
+
+    response = alice_client.post(reverse("generation:chat"), {"prompt": "Ahoy?", **data}, **HTMX)
+
+    assert response.status_code == 200
+    conversation = Conversation.objects.get(user=alice)
+    assert (conversation.system_prompt, conversation.temperature, conversation.max_tokens) == (
+        "Answer like a pirate.",
+        0.9,
+        6,
+    )
+    answer = settle(newest_answer(conversation))
+    assert answer.completion_tokens == 6
+    messages, params = seen[-1]
+    assert messages == [
+        {"role": "system", "content": "Answer like a pirate."},
+        {"role": "user", "content": "Ahoy?"},
+    ]
+    assert params.temperature == 0.9 and params.max_tokens == 6
+    assert 'value="6"' in response.content.decode()  # the conversation's own settings panel
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "error"),
+    [
+        ({"temperature": 3}, "temperature", "Temperature is between 0 and 2."),
+        ({"temperature": "hot"}, "temperature", "Enter a number."),
+        ({"max_tokens": 1025}, "max_tokens", "Your plan allows at most 1024 tokens per answer."),
+        ({"model": "gpt-9"}, "model", "Select a valid choice. gpt-9 is not one of the available choices."),
+        ({"system_prompt": "x" * 4001}, "system_prompt", "The system prompt is at most 4000 characters."),
+    ],
+)
+def test_bad_settings_on_a_new_chat_are_refused_and_nothing_is_started(alice, alice_client, seen, change, field, error):
+    data = {"prompt": "Keep this prompt", **settings_data(**change)}
+
+    by_htmx = alice_client.post(reverse("generation:chat"), data, **HTMX)
+    without_js = alice_client.post(reverse("generation:chat"), data)
+
+    assert by_htmx.status_code == 422 and without_js.status_code == 422
+    for response in (by_htmx, without_js):
+        page = response.content.decode()
+        assert '<details id="settings" class="settings disclosure" open>' in page
+        errors = re.search(rf'<ul class="errorlist" id="id_{field}_error">(.*?)</ul>', page, re.S)
+        assert errors and error in errors.group(1)
+        assert "Keep this prompt</textarea>" in page
+    assert '<div id="conversation-top" hx-swap-oob="true">' in by_htmx.content.decode()
+    assert not Conversation.objects.filter(user=alice).exists() and seen == []
 
 
 def test_new_conversations_keep_the_default_settings(alice, alice_client, fast_engine):
@@ -381,23 +449,13 @@ def test_regenerate_after_a_follow_up_carries_the_earlier_exchanges(alice, alice
     ]
 
 
-def test_only_the_last_answer_can_be_regenerated(alice, alice_client, fast_engine):
-    conversation, [first, _] = answered(alice, "One", "Two")
-
-    response = alice_client.post(reverse("generation:message_regenerate", args=[first.pk]))
-
-    assert response.status_code == 400
-    assert "Only the last answer can be regenerated." in response.content.decode()
-    assert conversation.messages.count() == 4
-
-
 def test_an_answer_still_streaming_cannot_be_regenerated(alice, alice_client, slow_engine):
     conversation = services.conversation_create(user=alice)
     _, answer = services.message_send(conversation=conversation, prompt="Tell me everything")
 
     response = alice_client.post(reverse("generation:message_regenerate", args=[answer.pk]), **HTMX)
 
-    assert response.status_code == 400 and "still being written" in response.content.decode()
+    assert response.status_code == 422 and "still being written" in response.content.decode()
     assert conversation.messages.count() == 2
     services.message_stop(message=answer)
     wait_for_terminal(slow_engine.store, answer.stream_id)
@@ -418,7 +476,7 @@ def test_a_regenerate_refused_by_the_quota_says_why_and_starts_nothing(alice, al
 # Edit
 
 
-def test_editing_the_last_prompt_replaces_it_and_answers_again(alice, alice_client, seen):
+def test_editing_the_last_prompt_asks_it_anew_and_keeps_the_old_one_as_a_version(alice, alice_client, seen):
     conversation, [first] = answered(alice, "Waht is 2+2?")
     prompt = conversation.messages.get(role="user")
 
@@ -430,10 +488,10 @@ def test_editing_the_last_prompt_replaces_it_and_answers_again(alice, alice_clie
     page = response.content.decode()
     second = newest_answer(conversation)
     assert second.pk != first.pk and f'id="message-{second.pk}"' in page and 'data-status="streaming"' in page
-    assert f'<div id="message-{first.pk}" hx-swap-oob="delete"></div>' in page
-    assert "What is 2+2?" in page
+    assert f'id="message-{first.pk}"' not in page and "Waht" not in page
+    assert "What is 2+2?" in page and '<span class="versions-position">2/2</span>' in page
     prompt.refresh_from_db()
-    assert prompt.content == "What is 2+2?"
+    assert prompt.content == "Waht is 2+2?"  # kept, as the other version
     settle(second)
     assert seen[-1][0] == [{"role": "user", "content": "What is 2+2?"}]
     assert Message.objects.filter(pk=first.pk).exists()
@@ -448,19 +506,6 @@ def test_edit_without_javascript_redirects_to_the_conversation(alice, alice_clie
     response = alice_client.post(reverse("generation:message_edit", args=[prompt.pk]), {"prompt": "Hello"})
     assert response.status_code == 302 and response["Location"] == conversation.get_absolute_url()
     settle(newest_answer(conversation))
-
-
-def test_only_the_last_prompt_can_be_edited(alice, alice_client, fast_engine):
-    conversation, _ = answered(alice, "One", "Two")
-    first_prompt = conversation.messages.filter(role="user").first()
-    assert first_prompt is not None
-
-    response = alice_client.post(reverse("generation:message_edit", args=[first_prompt.pk]), {"prompt": "Uno"})
-
-    assert response.status_code == 400
-    assert "Only your last prompt can be edited." in response.content.decode()
-    first_prompt.refresh_from_db()
-    assert first_prompt.content == "One" and conversation.messages.count() == 4
 
 
 @pytest.mark.parametrize("text", ["", "   "])
@@ -533,10 +578,11 @@ def alices_things(alice) -> dict[str, str]:
         "settings": reverse("generation:conversation_settings", args=[conversation.id]),
         "regenerate": reverse("generation:message_regenerate", args=[answer.pk]),
         "edit": reverse("generation:message_edit", args=[prompt.pk]),
+        "choose": reverse("generation:message_choose", args=[answer.pk]),
     }
 
 
-@pytest.mark.parametrize("action", ["rename", "delete", "settings", "regenerate", "edit"])
+@pytest.mark.parametrize("action", ["rename", "delete", "settings", "regenerate", "edit", "choose"])
 def test_bob_gets_404_for_every_change_to_alices_things(alice, bob_client, fast_engine, action):
     url = alices_things(alice)[action]
     data = {"title": "mine", "prompt": "mine", **settings_data(max_tokens=1)}
@@ -546,17 +592,18 @@ def test_bob_gets_404_for_every_change_to_alices_things(alice, bob_client, fast_
 
     conversation = Conversation.objects.get(user=alice)
     assert conversation.title == "Alice's plans" and conversation.max_tokens == 512
+    assert conversation.current_leaf_id is None  # no version chosen for her
     assert list(conversation.messages.values_list("content", flat=True)) == ["secret", "answer"]
 
 
-@pytest.mark.parametrize("action", ["rename", "delete", "settings", "regenerate", "edit"])
+@pytest.mark.parametrize("action", ["rename", "delete", "settings", "regenerate", "edit", "choose"])
 def test_get_on_a_post_only_view_is_405(alice, alice_client, action):
     url = alices_things(alice)[action]
     assert alice_client.get(url).status_code == 405
     assert Conversation.objects.filter(user=alice).exists()
 
 
-@pytest.mark.parametrize("action", ["rename", "delete", "settings", "regenerate", "edit"])
+@pytest.mark.parametrize("action", ["rename", "delete", "settings", "regenerate", "edit", "choose"])
 def test_every_new_view_requires_login(alice, client, action):
     response = client.post(alices_things(alice)[action], {"title": "x", "prompt": "x"})
     assert response.status_code == 302 and response["Location"].startswith(reverse("accounts:login"))

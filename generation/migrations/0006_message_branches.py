@@ -1,0 +1,53 @@
+import django.db.models.deletion
+from django.db import migrations, models
+
+
+def link_linear_conversations(apps, schema_editor):
+    """Give existing messages their parents, as the page showed them: each prompt follows the
+    newest answer before it, and the answers to one prompt (earlier Regenerates) are versions."""
+    Message = apps.get_model("generation", "Message")
+    conversation_ids = Message.objects.values_list("conversation_id", flat=True).distinct()
+    for conversation_id in conversation_ids:
+        last_prompt = last_shown = None
+        for message in Message.objects.filter(conversation_id=conversation_id).order_by("created_at", "id"):
+            if message.role == "assistant" and last_prompt is not None:
+                message.parent = last_prompt
+            else:
+                message.parent = last_shown
+                if message.role == "user":
+                    last_prompt = message
+            message.save(update_fields=["parent"])
+            last_shown = message
+
+
+class Migration(migrations.Migration):
+    dependencies = [
+        ("generation", "0005_message_sources_from_cache"),
+    ]
+
+    operations = [
+        migrations.AddField(
+            model_name="conversation",
+            name="current_leaf",
+            field=models.ForeignKey(
+                blank=True,
+                editable=False,
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="+",
+                to="generation.message",
+            ),
+        ),
+        migrations.AddField(
+            model_name="message",
+            name="parent",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="children",
+                to="generation.message",
+            ),
+        ),
+        migrations.RunPython(link_linear_conversations, migrations.RunPython.noop),
+    ]

@@ -1,0 +1,256 @@
+"""Conversations out and in: Markdown to read, JSON (every branch) to keep and import again.
+
+The JSON document ("chatsite.conversation", version 1) lists the messages in order, each
+with `id` (its position) and `parent` (an earlier message's id, or null for a first prompt),
+and names the branch shown in `current`. An import is checked whole before anything is
+saved, and saved in one transaction: a file that is not exactly such a document is refused
+with the reason, and leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from django.contrib.auth.models import User
+from django.db import transaction
+from django.utils import timezone
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+
+from generation.forms import MAX_PROMPT_CHARS, MAX_SYSTEM_PROMPT_CHARS
+from generation.models import Conversation, Message
+from generation.selectors import MessageTree
+
+FORMAT = "chatsite.conversation"
+ALL_DATA_FORMAT = "chatsite.export"
+VERSION = 1
+IMPORT_MAX_BYTES = 5 * 1024 * 1024
+IMPORT_MAX_MESSAGES = 5_000
+MAX_ANSWER_CHARS = 200_000
+
+
+class ImportRefused(ValueError):
+    """The file is not a conversation this site can import; the message says why."""
+
+
+def _storable(text: str) -> str:
+    # A lone surrogate (JSON's "\ud800") or a NUL fits no database column or UTF-8 page.
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        raise ValueError("contains characters that are not valid Unicode") from None
+    if "\x00" in text:
+        raise ValueError("contains a NUL character")
+    return text
+
+
+Name = Annotated[str, Field(max_length=200), AfterValidator(_storable)]
+SystemPrompt = Annotated[str, Field(max_length=MAX_SYSTEM_PROMPT_CHARS), AfterValidator(_storable)]
+MessageText = Annotated[str, Field(max_length=MAX_ANSWER_CHARS), AfterValidator(_storable)]
+FinishReason = Annotated[str, Field(max_length=20), AfterValidator(_storable)]
+ErrorText = Annotated[str, Field(max_length=10_000), AfterValidator(_storable)]
+
+
+class _Strict(BaseModel):
+    # Unknown fields are refused: a misspelt field is an error, never silently dropped.
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class MessageDocument(_Strict):
+    id: int = Field(ge=0)
+    parent: int | None = Field(default=None, ge=0)
+    role: Literal["user", "assistant"]
+    content: MessageText
+    status: Literal["streaming", "complete", "stopped", "error", "interrupted"] = "complete"
+    model: Name = ""
+    prompt_tokens: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    completion_tokens: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    ttft_ms: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    duration_ms: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    finish_reason: FinishReason = ""
+    error: ErrorText = ""
+    created_at: datetime | None = None
+
+
+class ConversationDocument(_Strict):
+    format: Literal["chatsite.conversation"]
+    version: Literal[1]
+    title: Name = ""
+    model: Name = ""
+    system_prompt: SystemPrompt = ""
+    temperature: float = Field(default=0.2, ge=0, le=2)
+    max_tokens: int = Field(default=512, ge=1, le=2**31 - 1)
+    created_at: datetime | None = None
+    current: int | None = Field(default=None, ge=0)
+    messages: list[MessageDocument] = Field(max_length=IMPORT_MAX_MESSAGES)
+
+
+# Export
+
+
+def conversation_document(conversation: Conversation) -> dict[str, Any]:
+    """The conversation with every branch, as the JSON document described above."""
+    tree = MessageTree(conversation)
+    ids = {message.pk: index for index, message in enumerate(tree.messages)}
+    leaf = tree.leaf()
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "title": conversation.title,
+        "model": conversation.model,
+        "system_prompt": conversation.system_prompt,
+        "temperature": conversation.temperature,
+        "max_tokens": conversation.max_tokens,
+        "created_at": conversation.created_at.isoformat(),
+        "current": ids[leaf.pk] if leaf is not None else None,
+        "messages": [
+            {
+                "id": ids[message.pk],
+                "parent": ids.get(message.parent_id) if message.parent_id is not None else None,
+                "role": message.role,
+                "content": message.content,
+                "status": message.status,
+                "model": message.model,
+                "prompt_tokens": message.prompt_tokens,
+                "completion_tokens": message.completion_tokens,
+                "ttft_ms": message.ttft_ms,
+                "duration_ms": message.duration_ms,
+                "finish_reason": message.finish_reason,
+                "error": message.error,
+                "created_at": message.created_at.isoformat(),
+            }
+            for message in tree.messages
+        ],
+    }
+
+
+def user_document(user: User) -> dict[str, Any]:
+    """Everything of `user`'s chats: the account's name and every conversation, every branch."""
+    conversations = Conversation.objects.filter(user=user).order_by("created_at")
+    return {
+        "format": ALL_DATA_FORMAT,
+        "version": VERSION,
+        "exported_at": timezone.now().isoformat(),
+        "user": {"username": user.get_username(), "email": user.email, "date_joined": user.date_joined.isoformat()},
+        "conversations": [conversation_document(conversation) for conversation in conversations],
+    }
+
+
+def conversation_markdown(conversation: Conversation) -> str:
+    """The branch shown, to read: each prompt and answer under a heading; the other
+    versions are in the JSON export."""
+    tree = MessageTree(conversation)
+    lines = [f"# {conversation}", "", f"Model: {conversation.model} · temperature {conversation.temperature}"]
+    if conversation.system_prompt:
+        lines += ["", "System prompt:", "", _quoted(conversation.system_prompt)]
+    for message in tree.thread():
+        versions = tree.versions(message)
+        heading = "You" if message.role == Message.Role.USER else "Assistant"
+        if versions.count > 1:
+            heading += f" (version {versions.position} of {versions.count})"
+        lines += ["", f"## {heading}", "", message.content.strip() or f"*({message.status}, no text)*"]
+    return "\n".join(lines) + "\n"
+
+
+def _quoted(text: str) -> str:
+    return "\n".join(f"> {line}".rstrip() for line in text.splitlines())
+
+
+def download_name(conversation: Conversation, extension: str) -> str:
+    """A file name from the title: letters, digits and dashes only (safe in any header)."""
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", str(conversation)).strip("-").lower()[:60] or "conversation"
+    return f"{slug}.{extension}"
+
+
+# Import
+
+
+def conversation_document_parse(raw: bytes) -> ConversationDocument:
+    """Check an uploaded file whole; raises ImportRefused with the reason."""
+    if len(raw) > IMPORT_MAX_BYTES:
+        raise ImportRefused(f"The file is larger than {IMPORT_MAX_BYTES // (1024 * 1024)} MB.")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise ImportRefused("The file is not JSON: export a conversation as JSON and import that file.") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ImportRefused(f'The file is not a chatsite conversation (its "format" should be "{FORMAT}").')
+    if data.get("version") != VERSION:
+        raise ImportRefused(f"The file is version {data.get('version')!r}; this site reads version {VERSION}.")
+    try:
+        # Strict, from the JSON itself: "0.2" is no temperature, "3" no id.
+        document = ConversationDocument.model_validate_json(raw)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise ImportRefused(f"The file has a bad value at {where}: {first['msg']}.") from None
+    _check_tree(document)
+    return document
+
+
+def _check_tree(document: ConversationDocument) -> None:
+    """Ids are positions; each parent comes earlier (so there is no loop), a prompt follows
+    an answer or nothing, an answer follows a prompt."""
+    if not document.messages:
+        raise ImportRefused("The conversation has no messages.")
+    for position, message in enumerate(document.messages):
+        if message.id != position:
+            raise ImportRefused(f"Message {position} has the id {message.id}; ids count from 0 in order.")
+        if message.role == "user" and len(message.content) > MAX_PROMPT_CHARS:
+            raise ImportRefused(f"Message {position} is a prompt longer than {MAX_PROMPT_CHARS} characters.")
+        if message.parent is None:
+            if message.role != "user":
+                raise ImportRefused(f"Message {position} is an answer to no prompt.")
+            continue
+        if message.parent >= position:
+            raise ImportRefused(f"Message {position} follows message {message.parent}, which comes later.")
+        parent_role = document.messages[message.parent].role
+        if parent_role == message.role:
+            raise ImportRefused(f"Message {position} follows a message of the same role ({message.role}).")
+    if document.current is not None and document.current >= len(document.messages):
+        raise ImportRefused(f"current names message {document.current}, which does not exist.")
+
+
+@transaction.atomic
+def conversation_import(
+    *, user: User, document: ConversationDocument, models: list[str], max_tokens: int
+) -> Conversation:
+    """A new conversation of `user` from a checked document, with every branch.
+
+    A model this site does not serve becomes its default (`models[0]`); max_tokens is
+    capped by the user's plan. Nothing streams in an imported conversation: an answer
+    that was streaming when exported is saved as interrupted.
+    """
+    conversation = Conversation.objects.create(
+        user=user,
+        title=document.title,
+        model=document.model if document.model in models else models[0],
+        system_prompt=document.system_prompt,
+        temperature=document.temperature,
+        max_tokens=min(document.max_tokens, max_tokens),
+    )
+    saved: list[Message] = []
+    for item in document.messages:
+        status = Message.Status.INTERRUPTED if item.status == Message.Status.STREAMING else item.status
+        message = Message(
+            conversation=conversation,
+            parent=saved[item.parent] if item.parent is not None else None,
+            role=item.role,
+            content=item.content,
+            status=status,
+            model=item.model,
+            prompt_tokens=item.prompt_tokens,
+            completion_tokens=item.completion_tokens,
+            ttft_ms=item.ttft_ms,
+            duration_ms=item.duration_ms,
+            finish_reason=item.finish_reason,
+            error=item.error,
+        )
+        message.save(root=True)  # parents as the file says, first prompts included
+        saved.append(message)
+    current = saved[document.current] if document.current is not None else saved[-1]
+    Conversation.objects.filter(pk=conversation.pk).update(current_leaf=MessageTree(conversation).newest_leaf(current))
+    conversation.refresh_from_db()
+    return conversation
