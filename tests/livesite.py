@@ -7,6 +7,7 @@ up, sends prompts the way the HTMX form does and reads the SSE stream.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -18,11 +19,12 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -412,3 +414,13 @@ def unlimited_api_key(site: LiveSite, **limits: int) -> str:
         check=True,
     ).stdout
     return output.strip().splitlines()[-1]
+
+
+T = TypeVar("T")
+
+
+def run_async(coroutine: Coroutine[Any, Any, T]) -> T:
+    """asyncio.run() on a thread of its own: once a browser test has run, Playwright keeps an
+    event loop running in the main thread for the rest of the session."""
+    with ThreadPoolExecutor(1) as thread:
+        return thread.submit(asyncio.run, coroutine).result()

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from inference.generators import SYNTHETIC_TEXT
-from tests.livesite import LiveSite, unlimited_api_key
+from tests.livesite import LiveSite, run_async, unlimited_api_key
 
 BURST = 256
 TOKENS = 8
@@ -70,7 +70,7 @@ async def _burst(base_url: str, key: str) -> list[tuple[int, str, bool] | BaseEx
 
 def test_a_burst_of_256_streams_is_served_whole_with_no_connection_dropped(burst_site):
     key = unlimited_api_key(burst_site)
-    results = asyncio.run(_burst(burst_site.base_url, key))
+    results = run_async(_burst(burst_site.base_url, key))
     failures = [repr(result) for result in results if isinstance(result, BaseException)]
     assert failures == [], f"{len(failures)} of {BURST} failed, e.g. {failures[:3]}"
     assert [status for status, _, _ in results] == [200] * BURST  # type: ignore[misc]

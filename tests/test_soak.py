@@ -18,14 +18,13 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pytest
 
 from bench.fanout import Counters, http_request, memory, parse_block, read_events
 from inference.generators import SYNTHETIC_TEXT
-from tests.livesite import LiveSite, log_errors, unlimited_api_key
+from tests.livesite import LiveSite, log_errors, run_async, unlimited_api_key
 
 SECONDS = int(os.environ.get("SOAK_SECONDS", "60"))  # of new generations; longer by hand
 STARTS_PER_S = 2
@@ -230,10 +229,7 @@ def test_a_minute_of_streams_and_500_readers_delivers_every_token_in_order_with_
         assert site.process is not None
         soak = Soak(site.port, unlimited_api_key(site), site.process.pid)
         began = time.monotonic()
-        # A thread of its own: the browser tests' Playwright keeps an event loop running
-        # in this one for the rest of the session.
-        with ThreadPoolExecutor(1) as thread:
-            thread.submit(asyncio.run, soak.run()).result()
+        run_async(soak.run())
         duration = time.monotonic() - began
         peak_rss = memory(site.process.pid)["peak_rss_mb"]
         errors = log_errors(site.log())
