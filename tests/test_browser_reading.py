@@ -7,6 +7,7 @@ The synthetic model (a fixed text at 50 words/s, 512 words an answer) keeps answ
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -231,6 +232,36 @@ def test_search_shows_only_matching_conversations_with_the_match_highlighted(ope
     page.get_by_label("Search conversations").fill("")
     expect(page.locator("#conversations")).to_be_visible()
     expect(page.locator("#conversations a")).to_have_count(2)
+
+
+def test_math_in_an_answer_is_shown_as_mathml(open_page, tmp_path):
+    # The synthetic model writes no TeX: the answer comes in through the import page.
+    answer = "Euler: $e^{i\\pi} + 1 = 0$, and\n\n$$\\int_0^1 x\\,dx = \\frac{1}{2}$$"
+    document = {
+        "format": "chatsite.conversation",
+        "version": 1,
+        "title": "Math",
+        "current": 1,
+        "messages": [
+            {"id": 0, "parent": None, "role": "user", "content": "Show me some math"},
+            {"id": 1, "parent": 0, "role": "assistant", "content": answer, "status": "complete"},
+        ],
+    }
+    saved = tmp_path / "math.json"
+    saved.write_text(json.dumps(document))
+    page = open_page()
+    sign_up(page, "reader-math")
+    page.get_by_role("link", name="Your data").click()
+    page.get_by_label("Conversation file (JSON)").set_input_files(saved)
+    page.get_by_role("button", name="Import conversation").click()
+
+    body = page.locator("article[data-role=assistant] .message-body")
+    expect(body.locator("math")).to_have_count(2)
+    expect(body.locator('math[display="block"]')).to_have_count(1)
+    expect(body.locator("math mfrac")).to_have_count(1)
+    assert "$" not in body.inner_text()
+    # Rendered by the browser as math, not as raw TeX or an empty box.
+    assert body.locator("math").first.bounding_box()["width"] > 20
 
 
 def test_the_admin_sees_tokens_per_day_per_plan_on_the_usage_page(open_page, synthetic_site):
