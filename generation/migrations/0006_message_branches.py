@@ -2,24 +2,6 @@ import django.db.models.deletion
 from django.db import migrations, models
 
 
-def link_linear_conversations(apps, schema_editor):
-    """Give existing messages their parents, as the page showed them: each prompt follows the
-    newest answer before it, and the answers to one prompt (earlier Regenerates) are versions."""
-    Message = apps.get_model("generation", "Message")
-    conversation_ids = Message.objects.values_list("conversation_id", flat=True).distinct()
-    for conversation_id in conversation_ids:
-        last_prompt = last_shown = None
-        for message in Message.objects.filter(conversation_id=conversation_id).order_by("created_at", "id"):
-            if message.role == "assistant" and last_prompt is not None:
-                message.parent = last_prompt
-            else:
-                message.parent = last_shown
-                if message.role == "user":
-                    last_prompt = message
-            message.save(update_fields=["parent"])
-            last_shown = message
-
-
 class Migration(migrations.Migration):
     dependencies = [
         ("generation", "0005_message_sources_from_cache"),
@@ -49,5 +31,4 @@ class Migration(migrations.Migration):
                 to="generation.message",
             ),
         ),
-        migrations.RunPython(link_linear_conversations, migrations.RunPython.noop),
     ]
