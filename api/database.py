@@ -58,9 +58,19 @@ def close_connections() -> None:
 
 def _run(fields: dict[str, Any] | None, work: Callable[[], T]) -> T:
     with logs.request_context(fields):
+        _drop_dead_connections()
         try:
             return work()
         except DatabaseError:
             # A broken connection (a database restart, a killed session) is not kept.
             connections.close_all()
             raise
+
+
+def _drop_dead_connections() -> None:
+    """A kept connection can die while idle (a database restart, a killed session): each
+    task checks its thread's before use, as CONN_HEALTH_CHECKS does for Django's own, and a
+    dead one is replaced. One round trip on PostgreSQL; nothing on SQLite."""
+    for connection in connections.all(initialized_only=True):
+        if connection.connection is not None and not connection.is_usable():
+            connection.close()
