@@ -90,6 +90,21 @@ class ConversationDocument(_Strict):
 # Export
 
 
+# A message's fields that travel as they are, out and back in (status and the tree's links
+# are translated; timestamps go out and are not restored).
+MESSAGE_FIELDS = (
+    "role",
+    "content",
+    "model",
+    "prompt_tokens",
+    "completion_tokens",
+    "ttft_ms",
+    "duration_ms",
+    "finish_reason",
+    "error",
+)
+
+
 def conversation_document(conversation: Conversation) -> dict[str, Any]:
     """The conversation with every branch, as the JSON document described above."""
     tree = MessageTree(conversation)
@@ -109,16 +124,8 @@ def conversation_document(conversation: Conversation) -> dict[str, Any]:
             {
                 "id": ids[message.pk],
                 "parent": ids.get(message.parent_id) if message.parent_id is not None else None,
-                "role": message.role,
-                "content": message.content,
                 "status": message.status,
-                "model": message.model,
-                "prompt_tokens": message.prompt_tokens,
-                "completion_tokens": message.completion_tokens,
-                "ttft_ms": message.ttft_ms,
-                "duration_ms": message.duration_ms,
-                "finish_reason": message.finish_reason,
-                "error": message.error,
+                **{name: getattr(message, name) for name in MESSAGE_FIELDS},
                 "created_at": message.created_at.isoformat(),
             }
             for message in tree.messages
@@ -237,16 +244,8 @@ def conversation_import(
         message = Message(
             conversation=conversation,
             parent=saved[item.parent] if item.parent is not None else None,
-            role=item.role,
-            content=item.content,
             status=status,
-            model=item.model,
-            prompt_tokens=item.prompt_tokens,
-            completion_tokens=item.completion_tokens,
-            ttft_ms=item.ttft_ms,
-            duration_ms=item.duration_ms,
-            finish_reason=item.finish_reason,
-            error=item.error,
+            **{name: getattr(item, name) for name in MESSAGE_FIELDS},
         )
         message.save(root=True)  # parents as the file says, first prompts included
         saved.append(message)
