@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import httpx
 import openai
@@ -299,8 +301,21 @@ def test_a_waiting_stream_tells_its_place_in_comment_lines_only(alice_key, bob_k
     assert text == " ".join(SYNTHETIC_TEXT.split()[:4])
 
 
+def cancel_once_another_waits(engine, stream_id: str) -> None:
+    """Cancel a running stream, from another thread, as soon as a job waits behind it: the
+    waiting one surely waited, and runs next, however slow the machine."""
+
+    def cancel() -> None:
+        deadline = time.monotonic() + 30
+        while not engine.queued and time.monotonic() < deadline:
+            time.sleep(0.01)
+        engine.store.cancel(stream_id)
+
+    threading.Thread(target=cancel, daemon=True).start()
+
+
 def test_a_queued_non_streaming_completion_waits_and_answers(alice, alice_key, bob_key, one_at_a_time):
-    start_bobs_stream(bob_key, max_tokens=100)  # half a second ahead of alice's
+    cancel_once_another_waits(one_at_a_time, start_bobs_stream(bob_key, max_tokens=1000))
 
     response = post("/v1/chat/completions", {**CHAT, "max_tokens": 3}, alice_key)
 
@@ -313,11 +328,13 @@ def test_a_queued_non_streaming_completion_waits_and_answers(alice, alice_key, b
 async def test_the_openai_client_streams_a_queued_completion_without_seeing_its_status(
     alice_key, bob_key, one_at_a_time
 ):
-    await sync_to_async(start_bobs_stream)(bob_key, max_tokens=100)
+    bobs = await sync_to_async(start_bobs_stream)(bob_key, max_tokens=1000)
     transport = httpx.ASGITransport(app=get_asgi_application())  # Django in this process; reads whole responses
     client = openai.AsyncOpenAI(
         base_url="http://testserver/v1", api_key=alice_key, http_client=httpx.AsyncClient(transport=transport)
     )
+
+    cancel_once_another_waits(one_at_a_time, bobs)
 
     stream = await client.chat.completions.create(model=MODEL, messages=CHAT["messages"], stream=True, max_tokens=5)
     chunks = [chunk async for chunk in stream]
