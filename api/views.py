@@ -25,12 +25,12 @@ from pydantic import ValidationError
 from accounts.models import ApiKey, UsageRecord
 from accounts.services import Quota, account_for, api_key_authenticate, quota_for
 from api.chunks import DONE, Completion, WholeAnswer, completion_events, error_of, openai_finish_reason
-from api.database import in_database_thread
 from api.errors import ApiError, body_too_large, finish, internal_error, invalid_url, request_id_of
 from api.openapi import openapi_document
 from api.schemas import ChatCompletionRequest, CompletionOptions, CompletionRequest
 from generation import logs, runtime, sse
 from generation.backends import backend
+from generation.database import in_database_thread
 from generation.refusals import REFUSALS, UNREACHABLE, Refusal, refusal_of
 from generation.services import generation_cancel, generation_start
 from inference.generators import Prompt
@@ -154,7 +154,7 @@ async def stream_resume(request: HttpRequest, caller: Caller, completion_id: str
 @api_view("POST")
 async def stream_cancel(request: HttpRequest, caller: Caller, completion_id: str) -> HttpResponseBase:
     completion = await _owned_completion(caller, completion_id)
-    cancelled = await sync_to_async(generation_cancel)(stream_id=completion.stream_id)
+    cancelled = await _cancel(completion.stream_id)
     return JsonResponse({"id": completion.id, "object": "stream.cancellation", "cancelled": cancelled})
 
 
@@ -193,8 +193,9 @@ async def openapi_json(request: HttpRequest) -> HttpResponseBase:
 
 @api_view("GET", public=True)
 async def api_docs(request: HttpRequest) -> HttpResponseBase:
-    # Rendered in a thread: the page asks whether its reader is logged in.
-    response = await sync_to_async(render)(request, "api/docs.html", {"document": openapi_document()})
+    # Rendered in a thread (the page asks whether its reader is logged in); no database.
+    render_docs = sync_to_async(render, thread_sensitive=False)
+    response = await render_docs(request, "api/docs.html", {"document": openapi_document()})
     # Swagger UI's stylesheet draws its icons as data: images. django-csp's csp_update does
     # this for sync views; the CSP header's middleware reads it.
     response._csp_update = {"img-src": ["data:"]}  # type: ignore[attr-defined]
@@ -326,9 +327,14 @@ async def _cancel_quietly(stream_id: str) -> None:
     """Cancel a stream's generation as its reader leaves; a failure here (the store is
     unreachable) must not break off the response before it ends, leaving the client waiting."""
     try:
-        await sync_to_async(generation_cancel)(stream_id=stream_id)
+        await _cancel(stream_id)
     except Exception:
         logger.warning("Could not cancel the generation of stream %s", stream_id, exc_info=True)
+
+
+async def _cancel(stream_id: str) -> bool:
+    # The stream store alone, no database: any thread will do, none of the request's own.
+    return await sync_to_async(generation_cancel, thread_sensitive=False)(stream_id=stream_id)
 
 
 def _refused(refusal: Refusal, *, param: str | None = None) -> ApiError:
@@ -340,9 +346,9 @@ async def _owned_completion(caller: Caller, completion_id: str) -> Completion:
     stream_id = completion_id.split("-", 1)[-1]
     record = None
     if kind is not None:
-        record = await UsageRecord.objects.filter(
-            stream_id=stream_id, user=caller.user, channel=UsageRecord.Channel.API
-        ).afirst()
+        record = await in_database_thread(
+            UsageRecord.objects.filter(stream_id=stream_id, user=caller.user, channel=UsageRecord.Channel.API).first
+        )
     if record is None:
         raise ApiError(404, f"No stream {completion_id!r}.", code="stream_not_found", param="id")
     return Completion(

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 from csp.middleware import CSPMiddleware
+from django.core import signals
 from django.core.exceptions import RequestAborted
-from django.core.handlers.asgi import ASGIHandler
+from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.exception import convert_exception_to_response
 from django.http import HttpRequest, HttpResponseBase
 from django.middleware.clickjacking import XFrameOptionsMiddleware
 from django.middleware.security import SecurityMiddleware
+from django.urls import set_script_prefix
 
 from chatsite.observability import remember_route
 
@@ -29,27 +33,64 @@ class ProgramsHandler(ASGIHandler):
     policies, HSTS, X-Frame-Options, Content-Security-Policy): the header-setting halves
     of those middlewares are called directly, in this thread, with no hop. HTTPS
     redirects are for browsers: an API client or a load balancer's probe follows none.
+    Their database work runs on threads that keep their connections
+    (generation/database.py), never on a thread of the request's own (`handle`).
     """
 
     async def handle(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["path"] == LIVENESS_PATH:
-            await self._handle_liveness(scope, receive, send)
-        else:
-            await super().handle(scope, receive, send)
+        """Django's request cycle (`ASGIHandler.handle`), with the request signals sent in
+        this thread instead of a thread of the request's own.
 
-    async def _handle_liveness(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        """/healthz, the probe a load balancer sends every few seconds, without the request
-        signals: their receivers (close_old_connections, reset_queries) are synchronous,
-        so each signal costs a thread hop, and the probe touches no database. Measured:
-        bench/door.py. The response is the view's, with the same headers (the chain above)."""
+        Django sends `request_started` and `request_finished` with `asend`, which runs their
+        synchronous receivers (close_old_connections, reset_queries, close_caches) through
+        `sync_to_async`: the first such call makes the request a thread of its own, and its
+        end joins that thread on yet another. For a completion that was an eighth of the
+        server's CPU (py-spy, bench/door.py), to run receivers that have nothing to do: the
+        requests of programs touch the database only on the API's threads, which keep and
+        check their connections (generation/database.py), so this thread holds no connection for
+        them to close. Everything else is Django's: the disconnect that cancels a view
+        (a dropped stream stops its generation), the response's closing.
+        """
         try:
             body = await self.read_body(receive)
         except RequestAborted:
             return
         with body:
+            set_script_prefix(get_script_prefix(scope))
+            signals.request_started.send(sender=self.__class__, scope=scope)
             request, refusal = self.create_request(scope, body)
-            response = refusal if request is None else await self.get_response_async(request)
-            await self.send_response(cast(HttpResponseBase, response), send)
+            if request is None:
+                await self.send_response(cast(HttpResponseBase, refusal), send)
+                cast(HttpResponseBase, refusal).close()
+            elif scope["path"] == LIVENESS_PATH:  # answered at once: nothing to cancel
+                response = await self.run_get_response(request)
+                await self.send_response(response, send)
+                response.close()
+            else:
+                await self._respond_unless_disconnected(request, receive, send)
+
+    async def _respond_unless_disconnected(self, request: HttpRequest, receive: Any, send: Any) -> None:
+        """As Django's `handle`: the view runs while the connection is watched, and is
+        cancelled if the client leaves first."""
+
+        async def respond() -> HttpResponseBase:
+            response = await self.run_get_response(request)
+            with contextlib.suppress(asyncio.CancelledError):  # the client left while it was sent
+                await self.send_response(response, send)
+            return response
+
+        listening = asyncio.create_task(self.listen_for_disconnect(receive))
+        responding = asyncio.create_task(respond())
+        await asyncio.wait([listening, responding], return_when=asyncio.FIRST_COMPLETED)
+        for task in (listening, responding):
+            if not task.done():
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, RequestAborted):
+                await task
+        if responding.cancelled():
+            signals.request_finished.send(sender=self.__class__)
+        else:
+            responding.result().close()  # sends request_finished
 
     def load_middleware(self, is_async: bool = False) -> None:
         self._view_middleware: list[Any] = []

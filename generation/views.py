@@ -534,7 +534,7 @@ def readyz(request: HttpRequest) -> HttpResponse:
     checks: dict[str, str] = {}
     generations = backend()
     checks["model"] = "ok" if generations.ready() else generations.not_ready_reason()
-    checks["database"] = _check(lambda: connection.ensure_connection())
+    checks["database"] = _check(_connect_database)
     if settings.REDIS_URL:
         checks["redis"] = _check(_ping_redis)
     ready = all(value == "ok" for value in checks.values())
@@ -567,6 +567,15 @@ def _operator(request: HttpRequest) -> bool:
     except ValueError:
         return False
     return local and "X-Forwarded-For" not in request.headers and "Forwarded" not in request.headers
+
+
+def _connect_database() -> None:
+    """A new connection, closed at once: the probe runs on a thread of its own request,
+    whose connection nothing else closes (chatsite.handlers.ProgramsHandler)."""
+    try:
+        connection.ensure_connection()
+    finally:
+        connection.close()
 
 
 def _check(probe: Any) -> str:

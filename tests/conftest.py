@@ -12,8 +12,8 @@ from django.conf import settings as django_settings
 from django.test import Client
 
 from accounts import rate_limit
-from api.database import close_connections
 from generation import backends, runtime
+from generation.database import close_connections
 from inference.engine import Engine
 from inference.generators import Generator, SyntheticGenerator, load_generator
 from inference.registry import resolve_model
@@ -24,8 +24,8 @@ PASSWORD = "correct-horse-battery-staple"
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _api_database_threads_close_their_connections(django_db_setup):
-    # They keep their connections between requests; the test database is dropped with none open.
+def _database_threads_close_their_connections(django_db_setup):
+    # They keep their connections between tasks; the test database is dropped with none open.
     yield
     close_connections()
 

@@ -12,6 +12,7 @@ import httpx
 import openai
 import pytest
 
+from tests.conftest import wait_until
 from tests.livesite import ROOT, ChatClient, LiveSite
 
 MODEL = "smollm2-135m-instruct"
@@ -72,12 +73,14 @@ def test_the_server_logs_one_json_line_per_request_and_generation_and_never_a_ke
     )
     assert models.headers["X-Request-Id"] == "live-log-2"
 
-    deadline = time.monotonic() + 10
-    while '"live-log-2"' not in live_site.log_path.read_text() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    def records(request_id: str) -> list[dict]:
+        lines = [json.loads(line) for line in live_site.log_path.read_text().splitlines() if line.strip()]  # JSON each
+        return [line for line in lines if line.get("request_id") == request_id]
+
+    # The generation's line is written as its result is saved, which may come after the answer.
+    wait_until(lambda: len(records("live-log-1")) >= 2 and bool(records("live-log-2")), timeout=10)
+    mine = records("live-log-1")
     text = live_site.log_path.read_text()
-    lines = [json.loads(line) for line in text.splitlines() if line.strip()]  # every line is one JSON record
-    mine = [line for line in lines if line.get("request_id") == "live-log-1"]
     (access,) = [line for line in mine if line["logger"] == "chatsite.access"]
     (generation,) = [line for line in mine if line["logger"] == "chatsite.generation"]
     assert access["status"] == 200 and access["method"] == "POST" and access["path"] == "/v1/chat/completions"

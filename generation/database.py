@@ -1,14 +1,16 @@
-"""The API's database work, on a few threads that keep their database connections.
+"""Database work on a few threads that keep their connections: the API's requests and
+the saves of every generation's progress and result.
 
 Django runs a request's synchronous code (`sync_to_async`) on a thread of that request,
 with a database connection of its own, opened on first use and closed as the request
 ends: on SQLite that is 2-3 ms of every request (connecting, the pragmas, the functions
-Django registers), more on PostgreSQL, and a new thread per request on top. The API's
-hot paths (the key check, admission, the quota) run here instead: a small pool of
-threads, each with its connection kept open between requests, as the engine thread's
-is. A few threads, not one, so that one request's slow work (tokenizing a long prompt,
-a busy database) holds up no other. A connection that failed is closed, and that
-thread's next task connects afresh.
+Django registers), more on PostgreSQL, and a new thread per request on top. An engine's
+finisher thread, which saves what a generation made, opened and closed one per save for
+the same reason (it lives as long as the process). The hot paths run here instead: a small
+pool of threads, each with its connection kept open between tasks. A few threads, not
+one, so that one request's slow work (tokenizing a long prompt, a busy database) holds
+up no other. A kept connection is checked before each task, and a connection that failed
+is closed: that thread's next task connects afresh.
 """
 
 from __future__ import annotations
@@ -28,11 +30,12 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 THREADS = 4
-_threads = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="chatsite-api-db")
+THREAD_NAME = "chatsite-db"
+_threads = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix=THREAD_NAME)
 
 
 async def in_database_thread(work: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
-    """`work(*args, **kwargs)` on one of the API's database threads, as part of this request.
+    """`work(*args, **kwargs)` on one of the database threads, as part of this request.
 
     Unlike `sync_to_async`, the request's context is not copied into the thread: the
     thread's own context holds its database connection, which must outlive the request.
@@ -40,6 +43,12 @@ async def in_database_thread(work: Callable[P, T], /, *args: P.args, **kwargs: P
     """
     task = partial(_run, logs.request_fields(), partial(work, *args, **kwargs))
     return await asyncio.get_running_loop().run_in_executor(_threads, task)
+
+
+def on_database_thread(work: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+    """`work(*args, **kwargs)` on one of the database threads, from a thread that waits for
+    it (an engine's finisher: its saves stay in order)."""
+    return _threads.submit(_run, logs.request_fields(), partial(work, *args, **kwargs)).result()
 
 
 def close_connections() -> None:
