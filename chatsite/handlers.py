@@ -46,10 +46,10 @@ class ProgramsHandler(ASGIHandler):
         `sync_to_async`: the first such call makes the request a thread of its own, and its
         end joins that thread on yet another. For a completion that was an eighth of the
         server's CPU (py-spy, bench/door.py), to run receivers that have nothing to do: the
-        requests of programs touch the database only on the API's threads, which keep and
-        check their connections (generation/database.py), so this thread holds no connection for
-        them to close. Everything else is Django's: the disconnect that cancels a view
-        (a dropped stream stops its generation), the response's closing.
+        requests of programs touch the database only on the database threads, which keep
+        and check their connections, so this thread holds none for them to close. The rest
+        is Django's: the disconnect that cancels a view (a dropped stream stops its
+        generation), the response's closing.
         """
         try:
             body = await self.read_body(receive)
