@@ -1,6 +1,7 @@
 """How fast requests get through the door: probes, tiny completions, a burst of streams.
 
-    python -m bench.door [--before REV] [--seconds 5] [--clients 32] [--burst 256]
+    python -m bench.door [--before REV] [--rounds N] [--seconds 5] [--clients 32] [--burst 256]
+        [--ledger-windows N]
 
 Starts chatsite under daphne (its own SQLite database, the synthetic model) and measures,
 against that one process:
@@ -9,11 +10,15 @@ against that one process:
 2. tiny completions requests/s: non-streaming chat completions with `max_tokens: 1`, the
    same clients and time, each by API key;
 3. a burst of --burst streaming chat completions sent at once, each on a connection of its
-   own: time to the first content chunk, p50 and p95, and failed requests.
+   own: time to the first content chunk, p50 and p95, and failed requests;
+4. with --ledger-windows N, N more windows of tiny completions back to back: whether a
+   request costs more as the user's records of the day pile up.
 
-With --before REV, the same three are measured first on REV (its tracked files exported
+With --before REV, the same are measured first on REV (its tracked files exported
 to a scratch folder, served by this virtual environment), then on this working tree, in
-one run: the shared machine's load falls on both alike, so compare the two. Writes
+one run: the shared machine's load falls on both alike, so compare the two. With
+--rounds N, each side is measured N times, the order swapped every round, and each
+figure is the median of its rounds (each round's figures are kept too). Writes
 bench/results/door.json; docs/benchmarks.md explains it. Goals (issue #18): /healthz >=
 400/s; tiny completions >= 150/s and >= 0.6 x /healthz; the burst's TTFT p50 <= 1.5 s.
 """
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import io
 import json
 import os
@@ -199,6 +205,13 @@ async def measure_site(site: LiveSite, key: str, args: argparse.Namespace) -> di
     }
     await asyncio.sleep(1)
     figures["burst"] = await burst(port, key, args.burst, pid)
+    if args.ledger_windows:
+        # Back-to-back windows of the tiny load: whether a request costs more as the
+        # user's records of the day pile up (the admission sums them).
+        figures["tiny_as_the_ledger_grows"] = [
+            await closed_loop(port, tiny, clients=args.clients, seconds=args.seconds, pid=pid)
+            for _ in range(args.ledger_windows)
+        ]
     return figures
 
 
@@ -232,26 +245,58 @@ def goals_met(figures: dict[str, Any]) -> dict[str, bool]:
     }
 
 
+def median_run(measured: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each figure's median over the rounds; failures, statuses and errors are summed."""
+
+    def merged(key: str, values: list[Any]) -> Any:
+        if isinstance(values[0], dict):
+            if key in ("statuses", "errors"):  # counts
+                return {name: sum(v.get(name, 0) for v in values) for name in {n for v in values for n in v}}
+            return {name: merged(name, [v[name] for v in values]) for name in values[0]}
+        if key == "failed":
+            return sum(values)
+        if isinstance(values[0], (int, float)):
+            return round(statistics.median(values), 3)
+        return values  # the load averages, round by round
+
+    if len(measured) == 1:
+        return dict(measured[0])
+    return {key: merged(key, [run[key] for run in measured]) for key in measured[0]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", help="a revision to measure first, in the same run")
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--burst", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=1, help="rounds on each side, the order swapped every round")
+    parser.add_argument(
+        "--ledger-windows", type=int, default=0, help="then N more windows of tiny completions, back to back"
+    )
     parser.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args()
 
-    runs: dict[str, Any] = {}
+    with contextlib.ExitStack() as stack:
+        roots = {"after": ROOT}
+        if args.before:
+            scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="chatsite-door-")))
+            roots = {"before": export(args.before, scratch), **roots}
+        rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in roots}
+        for number in range(args.rounds):
+            # The order swaps every round: a drift of the shared machine falls on both alike.
+            for name in list(roots)[:: 1 if number % 2 == 0 else -1]:
+                rounds[name].append(measure(roots[name], args))
+    revisions = {"after": "working tree"}
     if args.before:
-        with tempfile.TemporaryDirectory(prefix="chatsite-door-") as scratch:
-            commit = subprocess.run(
-                ["git", "rev-parse", "--short", args.before], cwd=ROOT, check=True, capture_output=True, text=True
-            ).stdout.strip()
-            runs["before"] = {
-                "revision": f"{args.before} ({commit})",
-                **measure(export(args.before, Path(scratch)), args),
-            }
-    runs["after"] = {"revision": "working tree", **measure(ROOT, args)}
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", args.before], cwd=ROOT, check=True, capture_output=True, text=True
+        ).stdout.strip()
+        revisions["before"] = f"{args.before} ({commit})"
+    runs = {
+        name: {"revision": revisions[name], **median_run(measured), "rounds": measured}
+        for name, measured in sorted(rounds.items(), reverse=True)  # before, then after
+    }
     for run in runs.values():
         run["goals_met"] = goals_met(run)
     payload = {
