@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from accounts.key_cache import api_access_changed
 from accounts.models import Account, ApiKey, Plan, UsageDay, UsageRecord
-from accounts.services import api_key_revoke
+from accounts.services import api_key_revoke, usage_recount
 from accounts.usage_chart import usage_chart
 
 LIMIT_FIELDS = ["requests_per_minute", "tokens_per_day", "max_concurrent_streams", "max_tokens_per_request"]
@@ -175,6 +175,16 @@ class UsageRecordAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    # A deleted record no longer counts against its user's day: their running total is rebuilt.
+    def delete_model(self, request: HttpRequest, obj: UsageRecord) -> None:
+        super().delete_model(request, obj)
+        usage_recount(user_ids=[obj.user_id])
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[UsageRecord]) -> None:
+        user_ids = list(queryset.order_by().values_list("user_id", flat=True).distinct())
+        super().delete_queryset(request, queryset)
+        usage_recount(user_ids=user_ids)
 
     @admin.action(description="Export selected as CSV")
     def export_csv(self, request: HttpRequest, queryset: QuerySet[UsageRecord]) -> HttpResponse:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import hmac
 import secrets
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
+from django.db.models import Case, F, Sum, When
 from django.utils import timezone
 
 DEFAULT_PLAN = "default"
@@ -59,9 +61,19 @@ class Account(models.Model):
     tokens_per_day = models.PositiveIntegerField(null=True, blank=True)
     max_concurrent_streams = models.PositiveIntegerField(null=True, blank=True)
     max_tokens_per_request = models.PositiveIntegerField(null=True, blank=True)
+    # The day's running total of the ledger (a record's prompt tokens, plus its reserved
+    # tokens while it streams and its completion tokens after), kept by accounts.services
+    # under the row lock admission takes: admission reads one row instead of summing every
+    # record of the day, which grew with a heavy user's day. `usage_recount` rebuilds it
+    # from the ledger, the one truth.
+    ledger_day = models.DateField(null=True, blank=True, editable=False)
+    ledger_day_tokens = models.PositiveBigIntegerField(default=0, editable=False)
 
     def __str__(self) -> str:
         return f"{self.user} on {self.plan}"
+
+    def tokens_used_on(self, day: dt.date) -> int:
+        return self.ledger_day_tokens if self.ledger_day == day else 0
 
     @property
     def limits(self) -> Limits:
@@ -174,6 +186,24 @@ class UsageRecord(models.Model):
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def charged_tokens(self) -> int:
+        """What it takes from the day's budget: its prompt, and its reservation while it
+        streams or what it generated once settled (the SQL form: charged_tokens_sum)."""
+        if self.status == GenerationStatus.STREAMING:
+            return self.prompt_tokens + self.reserved_tokens
+        return self.prompt_tokens + self.completion_tokens
+
+
+def charged_tokens_sum() -> Sum:
+    """The sum of UsageRecord.charged_tokens over a queryset's records."""
+    return Sum(
+        Case(
+            When(status=GenerationStatus.STREAMING, then=F("prompt_tokens") + F("reserved_tokens")),
+            default=F("prompt_tokens") + F("completion_tokens"),
+        )
+    )
 
 
 class UsageDay(models.Model):

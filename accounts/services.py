@@ -9,13 +9,24 @@ from functools import partial
 
 from django.contrib.auth.models import User
 from django.db import transaction
-from django.db.models import Case, Count, F, Q, Sum, When
-from django.db.models.functions import TruncDate
+from django.db.models import Count, F, Q, Sum
+from django.db.models.functions import Greatest, TruncDate
 from django.utils import timezone
 
 from accounts import key_cache
 from accounts.group_commit import GroupCommit
-from accounts.models import DEFAULT_PLAN, Account, ApiKey, CacheOutcome, Limits, Plan, UsageDay, UsageRecord, hash_key
+from accounts.models import (
+    DEFAULT_PLAN,
+    Account,
+    ApiKey,
+    CacheOutcome,
+    Limits,
+    Plan,
+    UsageDay,
+    UsageRecord,
+    charged_tokens_sum,
+    hash_key,
+)
 from accounts.rate_limit import WINDOW_S, request_log
 
 
@@ -176,8 +187,9 @@ def _usage_admit_one(
 ) -> tuple[UsageRecord, int, Quota]:
     """usage_admit's work, in a transaction that its caller (GroupCommit) holds."""
     now = timezone.now()
+    today = _ledger_date(now)
     # Lock the account row so two requests can't both take the last stream or tokens.
-    Account.objects.select_for_update().filter(user=user).first()
+    account = Account.objects.select_for_update().only("ledger_day", "ledger_day_tokens").get(user=user)
     running = UsageRecord.objects.filter(user=user, status=UsageRecord.Status.STREAMING).count()
     if running >= limits.max_concurrent_streams:
         raise QuotaExceeded(
@@ -185,7 +197,8 @@ def _usage_admit_one(
             f"At most {limits.max_concurrent_streams} answers can stream at once on your plan.",
             retry_after=1,
         )
-    remaining = limits.tokens_per_day - _tokens_today(user, now)
+    used = account.tokens_used_on(today)
+    remaining = limits.tokens_per_day - used
     if remaining <= prompt_tokens:
         spent = "used today's" if remaining <= 0 else f"{remaining} left of today's"
         raise QuotaExceeded(
@@ -206,10 +219,12 @@ def _usage_admit_one(
         cache=cache,
         created_at=now,
     )
+    used += record.charged_tokens
+    Account.objects.filter(pk=account.pk).update(ledger_day=today, ledger_day_tokens=used)
     quota = Quota(
         limits=limits,
         requests_remaining=limits.requests_per_minute - requests,
-        tokens_used_today=limits.tokens_per_day - remaining + prompt_tokens + granted,
+        tokens_used_today=used,
         requests_reset_s=int(WINDOW_S),  # this request, just counted, is the window's newest
         tokens_reset_s=_seconds_to_midnight(now),
     )
@@ -227,7 +242,12 @@ def usage_finish(
     duration_ms: int,
     usage_estimated: bool = False,
 ) -> None:
-    UsageRecord.objects.filter(stream_id=stream_id).update(
+    """Settle a generation's record to its real figures; the day's total follows.
+
+    May run twice (a write retried on a new connection): the second run changes nothing.
+    """
+    _usage_settle(
+        stream_id,
         usage_estimated=usage_estimated,
         status=status,
         finish_reason=finish_reason,
@@ -242,7 +262,8 @@ def usage_finish(
 def usage_finish_from_cache(*, stream_id: str, finish_reason: str, ttft_ms: int, duration_ms: int) -> None:
     """Settle a request the response cache answered: a request, its prompt's tokens, and
     no completion tokens (nothing was generated)."""
-    UsageRecord.objects.filter(stream_id=stream_id).update(
+    _usage_settle(
+        stream_id,
         status=UsageRecord.Status.COMPLETE,
         finish_reason=finish_reason,
         completion_tokens=0,
@@ -250,6 +271,60 @@ def usage_finish_from_cache(*, stream_id: str, finish_reason: str, ttft_ms: int,
         ttft_ms=ttft_ms,
         duration_ms=duration_ms,
     )
+
+
+def usage_withdraw(*, stream_id: str) -> None:
+    """Undo the admission of a generation that never started: its record goes, and what
+    it reserved returns to the day's budget."""
+    with transaction.atomic():
+        record = _record_locked(stream_id)
+        if record is not None:
+            record.delete()
+            _ledger_day_add(record, -record.charged_tokens)
+
+
+def usage_recount(*, user_ids: list[int], now: dt.datetime | None = None) -> None:
+    """Rebuild these users' running day totals from the ledger (after records were deleted)."""
+    today = _ledger_date(now or timezone.now())
+    midnight = dt.datetime.combine(today, dt.time(), tzinfo=dt.UTC)
+    with transaction.atomic():
+        # Locked first, so that no admission or settlement changes the ledger under the sum.
+        accounts = list(Account.objects.select_for_update().filter(user_id__in=user_ids))
+        totals = dict(
+            UsageRecord.objects.filter(user_id__in=user_ids, created_at__gte=midnight)
+            .order_by()
+            .values("user")
+            .annotate(tokens=charged_tokens_sum())
+            .values_list("user", "tokens")
+        )
+        for account in accounts:
+            account.ledger_day, account.ledger_day_tokens = today, totals.get(account.user_id) or 0
+        Account.objects.bulk_update(accounts, ["ledger_day", "ledger_day_tokens"])
+
+
+def _usage_settle(stream_id: str, **fields: object) -> None:
+    with transaction.atomic():
+        record = _record_locked(stream_id)
+        if record is None:
+            return
+        charged_before = record.charged_tokens
+        for name, value in fields.items():
+            setattr(record, name, value)
+        record.save(update_fields=list(fields))
+        _ledger_day_add(record, record.charged_tokens - charged_before)
+
+
+def _record_locked(stream_id: str) -> UsageRecord | None:
+    return UsageRecord.objects.select_for_update().filter(stream_id=stream_id).first()
+
+
+def _ledger_day_add(record: UsageRecord, tokens: int) -> None:
+    """Change the running total of the record's day by `tokens`; a day since replaced
+    (a record admitted before midnight, settled after) is gone and left alone."""
+    if tokens:
+        Account.objects.filter(user_id=record.user_id, ledger_day=_ledger_date(record.created_at)).update(
+            ledger_day_tokens=Greatest(F("ledger_day_tokens") + tokens, 0)
+        )
 
 
 def usage_rollup(*, days: int = 2, now: dt.datetime | None = None) -> int:
@@ -362,16 +437,14 @@ def _rate_key(user: User) -> str:
 
 
 def _tokens_today(user: User, now: dt.datetime) -> int:
-    midnight = now.replace(hour=0, minute=0, second=0, microsecond=0)
-    used = UsageRecord.objects.filter(user=user, created_at__gte=midnight).aggregate(
-        tokens=Sum(
-            Case(
-                When(status=UsageRecord.Status.STREAMING, then=F("prompt_tokens") + F("reserved_tokens")),
-                default=F("prompt_tokens") + F("completion_tokens"),
-            )
-        )
-    )["tokens"]
-    return int(used or 0)
+    # Read afresh: the user's account may be a copy remembered with their key.
+    account = Account.objects.only("ledger_day", "ledger_day_tokens").filter(user=user).first()
+    return account.tokens_used_on(_ledger_date(now)) if account else 0
+
+
+def _ledger_date(moment: dt.datetime) -> dt.date:
+    """The day a moment counts against: days begin at midnight UTC, as the quota resets."""
+    return moment.astimezone(dt.UTC).date()
 
 
 def _seconds_to_midnight(now: dt.datetime) -> int:

@@ -21,6 +21,7 @@ from accounts.services import (
     usage_admit,
     usage_finish_from_cache,
     usage_request_count,
+    usage_withdraw,
 )
 from documents.services import retrieval_for
 from generation import logs, runtime
@@ -195,7 +196,7 @@ def generation_submit(admitted: Admitted, *, message_id: int | None = None) -> S
     try:
         backend().submit(task)
     except Exception:
-        UsageRecord.objects.filter(stream_id=task.stream_id).delete()
+        usage_withdraw(stream_id=task.stream_id)
         raise
     return started
 
