@@ -58,6 +58,17 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+class SourceDocument(_Strict):
+    """A source under an answer. Its link (`url`, `passage`) points into the exporter's
+    documents: exported to show where it came from, never followed after an import."""
+
+    number: int = Field(ge=1, le=10_000)
+    document: Name
+    excerpt: Annotated[str, Field(max_length=2_000), AfterValidator(_storable)] = ""
+    passage: int | None = None
+    url: Annotated[str, Field(max_length=500)] = ""
+
+
 class MessageDocument(_Strict):
     id: int = Field(ge=0)
     parent: int | None = Field(default=None, ge=0)
@@ -71,6 +82,8 @@ class MessageDocument(_Strict):
     duration_ms: int | None = Field(default=None, ge=0, le=2**31 - 1)
     finish_reason: FinishReason = ""
     error: ErrorText = ""
+    sources: list[SourceDocument] = Field(default_factory=list, max_length=100)
+    from_cache: bool = False
     created_at: datetime | None = None
 
 
@@ -102,6 +115,7 @@ MESSAGE_FIELDS = (
     "duration_ms",
     "finish_reason",
     "error",
+    "from_cache",
 )
 
 
@@ -126,6 +140,7 @@ def conversation_document(conversation: Conversation) -> dict[str, Any]:
                 "parent": ids.get(message.parent_id) if message.parent_id is not None else None,
                 "status": message.status,
                 **{name: getattr(message, name) for name in MESSAGE_FIELDS},
+                "sources": message.sources,
                 "created_at": message.created_at.isoformat(),
             }
             for message in tree.messages
@@ -158,7 +173,19 @@ def conversation_markdown(conversation: Conversation) -> str:
         if versions.count > 1:
             heading += f" (version {versions.position} of {versions.count})"
         lines += ["", f"## {heading}", "", message.content.strip() or f"*({message.status}, no text)*"]
+        if message.sources:
+            lines += ["", "Sources:", ""]
+            lines += [
+                f"{source['number']}. {source['document']}: {_one_line(source['excerpt'])}"
+                for source in message.sources
+            ]
+        if message.from_cache:
+            lines += ["", "*(from the response cache)*"]
     return "\n".join(lines) + "\n"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 def _quoted(text: str) -> str:
@@ -245,6 +272,8 @@ def conversation_import(
             conversation=conversation,
             parent=saved[item.parent] if item.parent is not None else None,
             status=status,
+            # Each source's text, not its link: the passages are the exporter's.
+            sources=[source.model_dump(include={"number", "document", "excerpt"}) for source in item.sources],
             **{name: getattr(item, name) for name in MESSAGE_FIELDS},
         )
         message.save(root=True)  # parents as the file says, first prompts included

@@ -106,6 +106,69 @@ def test_import_of_an_export_makes_the_same_conversation_for_the_importer(alice,
     assert '<span class="versions-position">2/2</span>' in page
 
 
+SOURCES = [
+    {
+        "number": 1,
+        "document": "handbook.md",
+        "passage": 7,
+        "excerpt": "Leave is\n25 days.",
+        "url": "/documents/passages/7/",
+    },
+    {"number": 2, "document": "notes.txt", "passage": 9, "excerpt": "Ask HR.", "url": "/documents/passages/9/"},
+]
+
+
+def answered_from_documents(user) -> Conversation:
+    conversation = Conversation.objects.create(user=user, model=settings.CHAT_MODEL, title="Leave")
+    prompt = conversation.messages.create(role="user", content="How much leave?")
+    conversation.messages.create(role="assistant", parent=prompt, content="25 days [1].", sources=SOURCES)
+    again = conversation.messages.create(role="user", parent=conversation.messages.last(), content="Thanks")
+    conversation.messages.create(role="assistant", parent=again, content="You are welcome.", from_cache=True)
+    return conversation
+
+
+def test_exports_carry_an_answers_sources_and_whether_it_came_from_the_cache(alice, alice_client):
+    conversation = answered_from_documents(alice)
+
+    document = json.loads(
+        alice_client.get(reverse("generation:conversation_export_json", args=[conversation.id])).content
+    )
+    text = alice_client.get(reverse("generation:conversation_export_markdown", args=[conversation.id])).content.decode()
+
+    assert [(m["sources"], m["from_cache"]) for m in document["messages"]] == [
+        ([], False),
+        (SOURCES, False),
+        ([], False),
+        ([], True),
+    ]
+    assert "25 days [1].\n\nSources:\n\n1. handbook.md: Leave is 25 days.\n2. notes.txt: Ask HR." in text
+    assert "You are welcome.\n\n*(from the response cache)*" in text
+
+
+def test_an_imported_answer_keeps_its_sources_text_but_no_link_into_the_exporters_documents(
+    alice, bob, alice_client, bob_client
+):
+    exported = json.loads(
+        alice_client.get(
+            reverse("generation:conversation_export_json", args=[answered_from_documents(alice).id])
+        ).content
+    )
+    exported["messages"][1]["sources"][1]["url"] = "javascript:alert(1)"
+
+    bob_client.post(reverse("generation:your_data"), upload(exported))
+
+    copy = Conversation.objects.get(user=bob)
+    answer = copy.messages.get(content="25 days [1].")
+    assert answer.sources == [
+        {"number": 1, "document": "handbook.md", "excerpt": "Leave is\n25 days."},
+        {"number": 2, "document": "notes.txt", "excerpt": "Ask HR."},
+    ]
+    assert copy.messages.get(content="You are welcome.").from_cache
+    page = bob_client.get(copy.get_absolute_url()).content.decode()
+    assert "<span>[1] handbook.md</span>" in page and "[2] notes.txt" in page
+    assert "javascript:" not in page and "/documents/passages/" not in page
+
+
 def test_import_keeps_the_chosen_branch_and_settles_a_streaming_answer(alice, alice_client):
     document = transfer.conversation_document(branched(alice))
     document["current"] = 1  # "Red": the first branch
@@ -169,6 +232,13 @@ def changed(path: str, value: object) -> dict:
         (changed("messages.0.content", "a\x00b"), "contains a NUL character"),
         (changed("current", 7), "current names message 7, which does not exist."),
         (changed("title", "t" * 201), "title: String should have at most 200 characters"),
+        (changed("messages.1.sources", "none"), "messages.1.sources: Input should be a valid array"),
+        (
+            changed("messages.1.sources", [{"number": 0, "document": "a.md"}]),
+            "messages.1.sources.0.number: Input should be greater than or equal to 1",
+        ),
+        (changed("messages.1.sources", [{"number": 1}]), "messages.1.sources.0.document: Field required"),
+        (changed("messages.1.from_cache", "yes"), "messages.1.from_cache: Input should be a valid boolean"),
     ],
 )
 def test_a_bad_file_is_refused_with_the_reason_and_nothing_is_made(alice, alice_client, body, error):
