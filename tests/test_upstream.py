@@ -1,8 +1,9 @@
 """Model servers behind chatsite (the upstream backend), with real processes on both sides.
 
 The upstreams are real OpenAI-compatible servers: other chatsite processes serving the
-synthetic model, `transformers serve` with the packaged model, and a server that never
-answers. chatsite in front of them is a real daphne process too.
+synthetic model, `transformers serve` with the packaged model, llama.cpp's server with the
+packaged model's GGUF (tool calls, JSON modes, logprobs), and a server that never answers.
+chatsite in front of them is a real daphne process too.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import pytest
 
 from inference.upstream import estimate_prompt_tokens
 from tests.livesite import LiveSite, unlimited_api_key
-from tests.upstreams import SilentServer, TransformersServe
+from tests.upstreams import LlamaCppServer, SilentServer, TransformersServe
 
 SYNTHETIC = {"CHAT_ENABLE_SYNTHETIC": "1", "CHAT_MODEL": "synthetic"}
 CHAT = [{"role": "user", "content": "Tell me about streams."}]
@@ -322,3 +323,111 @@ def test_transformers_serve_as_an_upstream_streams_answers_whole_and_stops(trans
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens <= 16
     assert any(chunk["choices"] and chunk["choices"][0]["finish_reason"] == "stop" for chunk in stopped)
     assert sum(1 for chunk in stopped if chunk["choices"] and chunk["choices"][0]["delta"].get("content")) < 400
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+ASK_WEATHER = [{"role": "user", "content": "What is the weather in Paris?"}]
+CALL_WEATHER = {"type": "function", "function": {"name": "get_weather"}}
+
+
+@pytest.fixture(scope="module")
+def llama_cpp() -> Iterator[LlamaCppServer]:
+    with LlamaCppServer() as server:
+        yield server
+
+
+def test_tool_calls_stream_from_a_model_server_whole_and_on_resume(llama_cpp):
+    endpoint = {"model": "smol-tools", "base_url": llama_cpp.base_url, "upstream_model": llama_cpp.model}
+    # llama.cpp's stream reports no usage: the answer is counted with the model's tokenizer.
+    endpoint["tokenizer"] = "smollm2-135m-instruct"
+    with front(endpoint) as (site, client):
+        request = {"model": "smol-tools", "messages": ASK_WEATHER, "tools": [WEATHER], "tool_choice": CALL_WEATHER}
+        chunks = list(client.chat.completions.create(**request, max_tokens=40, temperature=0, stream=True))
+        whole = client.chat.completions.create(**request, max_tokens=40, temperature=0)
+        replay = httpx.get(
+            f"{site.base_url}/v1/streams/{chunks[0].id}?after=0",
+            headers={"Authorization": f"Bearer {client.api_key}"},
+            timeout=30,
+        ).text
+        answered = client.chat.completions.create(
+            model="smol-tools",
+            messages=[
+                *ASK_WEATHER,
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [whole.choices[0].message.tool_calls[0].model_dump()],
+                },
+                {"role": "tool", "tool_call_id": whole.choices[0].message.tool_calls[0].id, "content": "Sunny, 21 C"},
+            ],
+            tools=[WEATHER],
+            max_tokens=12,
+            temperature=0,
+        )
+
+    deltas = [call for chunk in chunks if chunk.choices for call in chunk.choices[0].delta.tool_calls or []]
+    assert len(deltas) > 2  # the call arrives in pieces, as the server generates it
+    streamed_arguments = "".join(delta.function.arguments or "" for delta in deltas)
+    assert deltas[0].function.name == "get_weather" and json.loads(streamed_arguments) == {"city": "Paris"}
+    # The server names the call in every delta; chatsite, as OpenAI, in the first only.
+    assert deltas[0].id and not any(delta.function.name or delta.id for delta in deltas[1:])
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+    call = whole.choices[0].message.tool_calls[0]
+    assert whole.choices[0].finish_reason == "tool_calls" and whole.choices[0].message.content is None
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+
+    replayed = [json.loads(line[6:]) for line in replay.splitlines() if line.startswith("data: {")]
+    replayed_calls = [
+        c for chunk in replayed if chunk["choices"] for c in chunk["choices"][0]["delta"].get("tool_calls", [])
+    ]
+    assert "".join(c["function"]["arguments"] for c in replayed_calls) == streamed_arguments
+    assert answered.choices[0].message.content and answered.usage.completion_tokens == 12
+
+
+def test_json_modes_and_logprobs_pass_through_to_a_model_server(llama_cpp):
+    endpoint = {"model": "smol-tools", "base_url": llama_cpp.base_url, "upstream_model": llama_cpp.model}
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24}}, "required": ["city"]}
+    with front(endpoint) as (site, client):
+        answer = client.chat.completions.create(
+            model="smol-tools",
+            messages=[{"role": "user", "content": "Name a city in France."}],
+            response_format={"type": "json_object", "schema": schema},  # llama.cpp's form of a JSON schema
+            max_tokens=64,
+            temperature=0,
+        )
+        chunks = list(
+            client.chat.completions.create(
+                model="smol-tools",
+                messages=ASK_WEATHER,
+                logprobs=True,
+                top_logprobs=2,
+                max_tokens=5,
+                temperature=0,
+                stream=True,
+            )
+        )
+        refused = httpx.post(
+            f"{site.base_url}/v1/chat/completions",
+            json={"model": "synthetic", "messages": ASK_WEATHER, "tools": [WEATHER]},
+            headers={"Authorization": f"Bearer {client.api_key}"},
+        )
+
+    assert isinstance(json.loads(answer.choices[0].message.content)["city"], str)
+    logprobs = [
+        entry
+        for chunk in chunks
+        if chunk.choices and chunk.choices[0].logprobs
+        for entry in chunk.choices[0].logprobs.content
+    ]
+    assert len(logprobs) == 5 and all(entry.logprob <= 0 and len(entry.top_logprobs) == 2 for entry in logprobs)
+    assert "".join(entry.token for entry in logprobs) == text_of(chunks)
+    # The in-process models still refuse what only model servers do, naming the field.
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "tools"

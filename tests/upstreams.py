@@ -1,8 +1,10 @@
 """Real OpenAI-compatible servers for chatsite to put behind its API, in tests and benchmarks.
 
 `TransformersServe` runs `transformers serve` on the weights chatsite itself loads, on CPU
-in float32; `SilentServer` takes connections and requests and never answers, as a hung
-upstream does. Both listen on a free loopback port and expose `base_url`, ending in /v1.
+in float32; `LlamaCppServer` runs llama.cpp's OpenAI-compatible server (llama-cpp-python) on
+the packaged model's GGUF file, a server that does tool calls, JSON modes and logprobs;
+`SilentServer` takes connections and requests and never answers, as a hung upstream does.
+Each listens on a free loopback port and exposes `base_url`, ending in /v1.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from pathlib import Path
 
 import httpx
 
-from inference.loading import COMPLETE_MARKER
+from inference.loading import COMPLETE_MARKER, assemble_gguf
+from inference.registry import resolve_model
 from tests.livesite import ROOT, free_port, stop_process
 
 APP_MODEL = "smollm2-135m-instruct"
@@ -172,6 +175,61 @@ class TransformersServe:
         if response.status_code != 200:
             raise RuntimeError(f"warm-up request: HTTP {response.status_code} {response.text}\n{self.log()}")
         return time.monotonic() - started
+
+
+class LlamaCppServer:
+    """`with LlamaCppServer() as upstream:` starts llama-cpp-python's server on the packaged
+    SmolLM2 GGUF and waits until it lists its model, served as `upstream.model`.
+
+    Its `chatml-function-calling` chat format (SmolLM2's template is ChatML) takes `tools`:
+    with a named `tool_choice` a grammar makes the answer that function's call, streamed as
+    tool-call deltas, even from a model this small. `response_format` is a grammar too, and
+    it reports `logprobs`. It runs one request at a time.
+    """
+
+    model = "smollm2-gguf"
+
+    def __init__(self, *, ready_timeout: float = 120) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="llama-cpp-server-")
+        self.ready_timeout = ready_timeout
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self.log_path = Path(self._tmp.name) / "server.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> LlamaCppServer:
+        gguf = assemble_gguf(resolve_model(APP_MODEL), Path(self._tmp.name))
+        command = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", self.model]
+        command += ["--chat_format", "chatml-function-calling", "--n_ctx", "2048", "--verbose", "false"]
+        command += ["--host", "127.0.0.1", "--port", str(self.port)]
+        self.process = subprocess.Popen(command, cwd=ROOT, stdout=self.log_path.open("ab"), stderr=subprocess.STDOUT)
+        try:
+            self._wait_listed(time.monotonic() + self.ready_timeout)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.process:
+            stop_process(self.process, grace_s=5)
+        self._tmp.cleanup()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def _wait_listed(self, deadline: float) -> None:
+        assert self.process is not None
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"llama_cpp.server exited with {self.process.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(f"{self.base_url}/models", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"llama_cpp.server not listening after {self.ready_timeout} s:\n{self.log()}")
 
 
 class SilentServer:

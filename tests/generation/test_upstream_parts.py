@@ -17,7 +17,13 @@ from generation.models import UpstreamEndpoint
 from inference.backend import Admission, GenerationTask
 from inference.generators import GenerationParams
 from inference.streams import InMemoryStreamStore, StreamEvent
-from inference.upstream import Circuit, UpstreamPool, endpoint_from_json, estimate_prompt_tokens
+from inference.upstream import (
+    Circuit,
+    UpstreamPool,
+    endpoint_from_json,
+    estimate_prompt_tokens,
+    openai_tool_call_deltas,
+)
 from tests.generation.test_api import CHAT, assert_error, post
 
 ENDPOINT = {"model": "remote", "base_url": "http://127.0.0.1:9/v1", "upstream_model": "m"}
@@ -142,6 +148,18 @@ def test_tool_call_deltas_stream_as_openai_chunks_and_gather_into_one_call():
     assert message["tool_calls"] == [
         {"id": "c1", "type": "function", "function": {"name": "now", "arguments": '{"tz":"UTC"}'}}
     ]
+
+
+def test_tool_call_deltas_name_their_call_once_as_openai_does_whatever_the_server_repeats():
+    # llama.cpp's server: id, type and name again in every delta of the same call.
+    head = {"index": 0, "id": "c1", "type": "function", "function": {"name": "now", "arguments": "{"}}
+    repeated = {"index": 0, "id": "c1", "type": "function", "function": {"name": "now", "arguments": "}"}}
+    second = {"index": 1, "id": "c2", "type": "function", "function": {"name": "later", "arguments": ""}}
+    begun: set[int] = set()
+
+    assert openai_tool_call_deltas([head], begun) == [head]
+    assert openai_tool_call_deltas([repeated, second], begun) == [{"index": 0, "function": {"arguments": "}"}}, second]
+    assert begun == {0, 1}
 
 
 @pytest.mark.django_db
