@@ -211,6 +211,7 @@ class _Run:
     admission: Admission | None = None  # when it started before its admission was written
     max_tokens: int | None = None  # as sent to the server
     tool_calls_begun: set[int] = field(default_factory=set)  # the indexes of its tool calls so far
+    tool_call_text: list[str] = field(default_factory=list)  # their names and arguments, to count
 
     @property
     def priority(self) -> int:
@@ -581,6 +582,9 @@ class UpstreamPool:
                 first = True
             if delta.get("tool_calls"):
                 calls = openai_tool_call_deltas(delta["tool_calls"], run.tool_calls_begun)
+                run.tool_call_text += [
+                    (call.get("function") or {}).get(part) or "" for call in calls for part in ("name", "arguments")
+                ]
                 self._append(run.job.stream_id, "tool_call", {"tool_calls": calls})
                 first = True
             if choice.get("finish_reason"):
@@ -614,7 +618,11 @@ class UpstreamPool:
         count = run.count_tokens or estimate_tokens
         estimated = not usage and run.count_tokens is None
         prompt_tokens = int(usage.get("prompt_tokens", run.prompt_tokens))
-        completion_tokens = int(usage.get("completion_tokens", count(text)))
+        if "completion_tokens" in usage:
+            completion_tokens = int(usage["completion_tokens"])
+        else:  # counted here: the text and the tool calls, never more than the server was let write
+            completion_tokens = count(text + "".join(run.tool_call_text))
+            completion_tokens = min(completion_tokens, run.max_tokens or completion_tokens)
         started = run.job.submitted_at
         if failure is not None:
             status, finish_reason, error = "error", "error", str(failure)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -337,6 +339,20 @@ ASK_WEATHER = [{"role": "user", "content": "What is the weather in Paris?"}]
 CALL_WEATHER = {"type": "function", "function": {"name": "get_weather"}}
 
 
+LATEST_RECORD = """
+import json
+from accounts.models import UsageRecord
+print(json.dumps(UsageRecord.objects.values("completion_tokens", "usage_estimated", "status").first()))
+"""
+
+
+def latest_usage_record(site: LiveSite) -> dict:
+    """The ledger's newest record on `site`, read in a process of its own (the site's database)."""
+    command = [sys.executable, "manage.py", "shell", "-c", LATEST_RECORD]
+    output = subprocess.run(command, cwd=site.root, env=site.env, capture_output=True, text=True, check=True).stdout
+    return json.loads(output.strip().splitlines()[-1])
+
+
 @pytest.fixture(scope="module")
 def llama_cpp() -> Iterator[LlamaCppServer]:
     with LlamaCppServer() as server:
@@ -383,6 +399,7 @@ def test_tool_calls_stream_from_a_model_server_whole_and_on_resume(llama_cpp):
     call = whole.choices[0].message.tool_calls[0]
     assert whole.choices[0].finish_reason == "tool_calls" and whole.choices[0].message.content is None
     assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+    assert 0 < whole.usage.completion_tokens < 40  # a tool call is counted too
 
     replayed = [json.loads(line[6:]) for line in replay.splitlines() if line.startswith("data: {")]
     replayed_calls = [
@@ -414,6 +431,8 @@ def test_json_modes_and_logprobs_pass_through_to_a_model_server(llama_cpp):
                 stream=True,
             )
         )
+        # Its stream reports no usage and this endpoint names no tokenizer: the ledger estimates.
+        record = latest_usage_record(site)
         refused = httpx.post(
             f"{site.base_url}/v1/chat/completions",
             json={"model": "synthetic", "messages": ASK_WEATHER, "tools": [WEATHER]},
@@ -429,5 +448,7 @@ def test_json_modes_and_logprobs_pass_through_to_a_model_server(llama_cpp):
     ]
     assert len(logprobs) == 5 and all(entry.logprob <= 0 and len(entry.top_logprobs) == 2 for entry in logprobs)
     assert "".join(entry.token for entry in logprobs) == text_of(chunks)
+    assert record["usage_estimated"] and record["status"] == "complete"
+    assert 0 < record["completion_tokens"] <= 5  # never more than the server was let write
     # The in-process models still refuse what only model servers do, naming the field.
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "tools"
