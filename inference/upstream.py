@@ -203,6 +203,7 @@ class _Run:
     cancelled: bool = False
     interrupted: bool = False  # by the server's shutdown (UpstreamPool.shut_down)
     pieces: list[str] = field(default_factory=list)
+    output_chunks: int = 0  # chunks with text or tool calls: one token each from the usual servers
     first_token_at: float | None = None
     taken_at: float | None = None  # when an endpoint's slot took it
     last_progress: float = field(default_factory=time.monotonic)
@@ -223,9 +224,9 @@ class _Run:
 
     def capped(self) -> bool:
         """Whether it has the tokens its admission granted, when that is fewer than were asked
-        for (counted by the server's chunks, one token each from the usual servers)."""
+        for (counted by the server's chunks)."""
         granted = self.admission.max_tokens if self.admission else None
-        return granted is not None and self.max_tokens is not None and len(self.pieces) >= granted < self.max_tokens
+        return granted is not None and self.max_tokens is not None and self.output_chunks >= granted < self.max_tokens
 
 
 class UpstreamPool:
@@ -562,13 +563,13 @@ class UpstreamPool:
         return UpstreamFailed(failure_message(run.job.stream_id), detail=detail)
 
     def _take(self, run: _Run, chunk: dict[str, Any], chat: bool) -> bool:
-        """Publish one upstream chunk; whether it carried the first token."""
+        """Publish one upstream chunk; whether it carried output (text or a tool call)."""
         if "error" in chunk:
             message = chunk["error"].get("message", "error") if isinstance(chunk["error"], dict) else chunk["error"]
             raise UpstreamFailed(failure_message(run.job.stream_id), detail=f"mid-answer: {message}")
         if chunk.get("usage"):
             run.usage = chunk["usage"]
-        first = False
+        output = False
         for choice in chunk.get("choices") or []:
             delta = (choice.get("delta") or {}) if chat else {"content": choice.get("text")}
             text = delta.get("content") or ""
@@ -579,23 +580,24 @@ class UpstreamPool:
                     data["logprobs"] = logprobs
                 self._append(run.job.stream_id, "token", data)
                 run.pieces.append(text)
-                first = True
+                output = True
             if delta.get("tool_calls"):
                 calls = openai_tool_call_deltas(delta["tool_calls"], run.tool_calls_begun)
                 run.tool_call_text += [
                     (call.get("function") or {}).get(part) or "" for call in calls for part in ("name", "arguments")
                 ]
                 self._append(run.job.stream_id, "tool_call", {"tool_calls": calls})
-                first = True
+                output = True
             if choice.get("finish_reason"):
                 run.finish_reason = choice["finish_reason"]
         now = time.monotonic()
-        if first and run.first_token_at is None:
+        run.output_chunks += output
+        if output and run.first_token_at is None:
             run.first_token_at = now
         if run.job.on_progress and run.pieces and now - run.last_progress >= self.progress_interval_s:
             run.last_progress = now
             self._finisher.submit(_call_safely, run.job.on_progress, "".join(run.pieces))
-        return first
+        return output
 
     def _note_success(self, state: EndpointState, ttft_s: float) -> None:
         with self._lock:

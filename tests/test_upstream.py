@@ -387,6 +387,13 @@ def test_tool_calls_stream_from_a_model_server_whole_and_on_resume(llama_cpp):
             max_tokens=12,
             temperature=0,
         )
+        # A day's budget with room for three tokens of the answer (the prompt as chatsite
+        # counted it, tools included, since the server reports no usage): the call stops there.
+        budget = whole.usage.prompt_tokens + 3
+        frugal = openai.OpenAI(
+            base_url=f"{site.base_url}/v1", api_key=unlimited_api_key(site, tokens_per_day=budget), max_retries=0
+        )
+        capped = list(frugal.chat.completions.create(**request, temperature=0, stream=True))
 
     deltas = [call for chunk in chunks if chunk.choices for call in chunk.choices[0].delta.tool_calls or []]
     assert len(deltas) > 2  # the call arrives in pieces, as the server generates it
@@ -407,6 +414,8 @@ def test_tool_calls_stream_from_a_model_server_whole_and_on_resume(llama_cpp):
     ]
     assert "".join(c["function"]["arguments"] for c in replayed_calls) == streamed_arguments
     assert answered.choices[0].message.content and answered.usage.completion_tokens == 12
+    capped_calls = [call for chunk in capped if chunk.choices for call in chunk.choices[0].delta.tool_calls or []]
+    assert len(capped_calls) == 3 and [c.choices[0].finish_reason for c in capped if c.choices][-1] == "length"
 
 
 def test_json_modes_and_logprobs_pass_through_to_a_model_server(llama_cpp):
