@@ -1,7 +1,8 @@
 """chatsite in front of `transformers serve`, against the same server called directly, same run.
 
     python -m bench.upstream [--levels 1,8] [--rounds 2] [--requests N] [--max-tokens 128]
-        [--client openai|httpx] [--no-continuous-batching] [--results bench/results/upstream.json]
+        [--client openai|httpx] [--no-continuous-batching] [--server-cpus 1]
+        [--results bench/results/upstream.json]
 
 Starts `transformers serve` (tests.upstreams.TransformersServe: the converted weights
 chatsite itself loads, SmolLM2-135M-Instruct, on CPU in float32, with continuous batching
@@ -19,6 +20,11 @@ Per level, the medians over the rounds of: aggregate tokens/s of chatsite ÷ dir
 chatsite - direct for the median time to first content chunk and the median gap between
 content chunks. Targets: ratio >= 0.97, TTFT +10 ms at most, gap +1 ms at most, no failed
 request. Writes bench/results/upstream.json; exits 1 when a target is missed.
+
+`--server-cpus 1` runs the model server on CPU 1 alone (`taskset`), and chatsite and this
+client on the others, as when the model server has a machine (or a GPU) of its own: then
+chatsite's work takes no time from the model's, and the figures are chatsite's own cost.
+Without it the three share every core, and at 8 streams chatsite's CPU slows the model.
 """
 
 from __future__ import annotations
@@ -76,6 +82,21 @@ def site_env(upstream: TransformersServe, max_level: int) -> dict[str, str]:
         "max_concurrent": max_level,
     }
     return {"CHAT_UPSTREAMS": json.dumps([entry])}
+
+
+def parse_cpus(text: str) -> set[int]:
+    """`taskset -c` form (`1`, `0,2`, `2-3`) as a set of CPU numbers."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+def pin_process(pid: int, cpus: set[int]) -> None:
+    """Every thread of a process on `cpus`; the threads it starts later inherit it."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        os.sched_setaffinity(int(task.name), cpus)
 
 
 def measure_level(ways: list[Way], level: int, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -175,20 +196,33 @@ def main() -> None:
         default=True,
         help="run `transformers serve --continuous-batching` (default), or its sequential generate()",
     )
+    parser.add_argument(
+        "--server-cpus",
+        help="run the model server on these CPUs (taskset -c form), chatsite and the client on the rest",
+    )
     parser.add_argument("--results", type=Path, default=RESULTS, help="where the JSON goes")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error("--rounds is at least 1")
+    front_cpus = os.sched_getaffinity(0) - parse_cpus(args.server_cpus) if args.server_cpus else None
+    if front_cpus == set():
+        parser.error("--server-cpus leaves no CPU for chatsite and the client")
     max_level = max(args.levels)
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
     serve = TransformersServe(
-        continuous_batching=args.continuous_batching, max_streams=max_level, max_tokens=args.max_tokens
+        continuous_batching=args.continuous_batching,
+        max_streams=max_level,
+        max_tokens=args.max_tokens,
+        cpus=args.server_cpus,
     )
     with serve as upstream:
         print(f"transformers serve: /health after {upstream.ready_after_s:.1f} s", flush=True)
         with LiveSite(env=site_env(upstream, max_level)) as site:
             assert upstream.process is not None and site.process is not None
+            if front_cpus:
+                pin_process(site.process.pid, front_cpus)
+                pin_process(os.getpid(), front_cpus)
             direct = Target(upstream.base_url.removesuffix("/v1"), "not-checked", upstream.model)
             ways = [
                 Way("direct", direct, upstream.process.pid),
@@ -242,6 +276,8 @@ def main() -> None:
             "continuous_batching": args.continuous_batching,
             "cb_num_blocks": serve.cache_blocks if args.continuous_batching else None,
             "device": "cpu",
+            "server_cpus": sorted(parse_cpus(args.server_cpus)) if args.server_cpus else "shared",
+            "front_cpus": sorted(front_cpus) if front_cpus else "shared",
             "dtype": "float32",
             "chatsite_model": PUBLIC_MODEL,
         },

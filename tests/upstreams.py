@@ -95,8 +95,10 @@ class TransformersServe:
         max_tokens: int = 128,
         max_batch_tokens: int = 512,
         ready_timeout: float = 300,
+        cpus: str | None = None,
     ) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="transformers-serve-")
+        self.cpus = cpus  # `taskset -c` form, e.g. "1": the server runs on these CPUs only
         self.app_model = app_model
         self.continuous_batching = continuous_batching
         self.cache_blocks = paged_cache_blocks(max_streams, max_tokens)
@@ -141,7 +143,9 @@ class TransformersServe:
 
     def _serve_command(self) -> list[str]:
         # The CLI's module run by this interpreter, so that the server has this venv's transformers.
-        command = [sys.executable, "-m", "transformers.cli.transformers", "serve", self.model]
+        # Pinned from its start, so that torch sizes its thread pool to those CPUs.
+        command = ["taskset", "-c", self.cpus] if self.cpus else []
+        command += [sys.executable, "-m", "transformers.cli.transformers", "serve", self.model]
         command += ["--device", "cpu", "--dtype", "float32"]
         command += ["--host", "127.0.0.1", "--port", str(self.port)]
         if self.continuous_batching:
