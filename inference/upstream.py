@@ -13,7 +13,8 @@ callbacks first, so that readers, resume, Stop and the ledger never know where i
 - Failures: a failure before the first token (refused connection, 5xx, timeout) fails
   over to another endpoint, unseen by the client; after it, the stream ends with an
   `error` event and the text so far is kept. `failure_threshold` consecutive failures
-  open an endpoint's circuit for `open_s`; then one request probes it (half-open).
+  open an endpoint's circuit for `open_s`; then one request probes it (half-open). A 500
+  fails over too but opens no circuit: it answers for one request, not for the server.
 - Health: every `health_interval_s` each endpoint's `/models` is asked; one that does
   not answer is skipped until it does.
 - Stop: one look at the store's cancel flags every `cancel_poll_s` for all running
@@ -107,9 +108,12 @@ class UpstreamFailed(Exception):
         code: str = "upstream_error",
         retry: bool = True,
         detail: str | None = None,
+        opens_circuit: bool = True,
     ) -> None:
         super().__init__(message)
         self.status, self.code, self.retry = status, code, retry
+        # Whether it says the endpoint is unwell, so that failures in a row open its circuit.
+        self.opens_circuit = opens_circuit
         # The server's own words, for the log: a failing server's message can carry its
         # traceback or its device's state, which clients are not shown.
         self.detail = detail or message
@@ -545,7 +549,7 @@ class UpstreamPool:
             ) from None
         except UpstreamFailed as error:
             if error.retry:  # a refusal of this request is no fault of the endpoint's
-                self._note_failure(state)
+                self._note_failure(state, opens_circuit=error.opens_circuit)
             raise
 
     async def _refusal(self, response: httpx.Response, run: _Run) -> UpstreamFailed:
@@ -560,7 +564,12 @@ class UpstreamPool:
                 f"The model server refused: {message}", status=400, code="upstream_refused", retry=False
             )
         detail = f"HTTP {response.status_code}: {message}"
-        return UpstreamFailed(failure_message(run.job.stream_id), detail=detail)
+        # A 500 is the server's answer about this request (llama.cpp's to a request it cannot
+        # parse, say): another endpoint may take it, but it opens no circuit, or a few bad
+        # requests of one user would shut an endpoint for everyone. A server down, overloaded
+        # or timing out (connection errors, 502-504, 429) does.
+        answered = response.status_code in (500, 501)
+        return UpstreamFailed(failure_message(run.job.stream_id), detail=detail, opens_circuit=not answered)
 
     def _take(self, run: _Run, chunk: dict[str, Any], chat: bool) -> bool:
         """Publish one upstream chunk; whether it carried output (text or a tool call)."""
@@ -604,10 +613,11 @@ class UpstreamPool:
             state.circuit.succeeded()
             state.ttft_s = ttft_s if state.ttft_s is None else 0.8 * state.ttft_s + 0.2 * ttft_s
 
-    def _note_failure(self, state: EndpointState) -> None:
+    def _note_failure(self, state: EndpointState, *, opens_circuit: bool = True) -> None:
         with self._lock:
             state.errors += 1
-            state.circuit.failed()
+            if opens_circuit:
+                state.circuit.failed()
 
     def _finish(self, run: _Run, failure: UpstreamFailed | None) -> None:
         with self._lock:

@@ -461,3 +461,18 @@ def test_json_modes_and_logprobs_pass_through_to_a_model_server(llama_cpp):
     assert 0 < record["completion_tokens"] <= 5  # never more than the server was let write
     # The in-process models still refuse what only model servers do, naming the field.
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "tools"
+
+
+def test_requests_a_model_server_cannot_parse_fail_alone_and_open_no_circuit(llama_cpp):
+    """llama.cpp answers a tool it cannot read with a 500: that user's request fails, but
+    the endpoint's circuit stays closed, so that nobody else is refused for it."""
+    endpoint = {"model": "smol-tools", "base_url": llama_cpp.base_url, "upstream_model": llama_cpp.model}
+    with front(endpoint) as (site, client):
+        bad = {"model": "smol-tools", "messages": ASK_WEATHER, "tools": [{"type": "function"}], "max_tokens": 4}
+        headers = {"Authorization": f"Bearer {client.api_key}"}
+        refused = [httpx.post(f"{site.base_url}/v1/chat/completions", json=bad, headers=headers) for _ in range(5)]
+        served = client.chat.completions.create(model="smol-tools", messages=ASK_WEATHER, max_tokens=4, temperature=0)
+
+    assert [response.status_code for response in refused] == [502] * 5, refused[-1].text
+    assert refused[-1].json()["error"]["code"] == "upstream_error"
+    assert served.choices[0].message.content and served.usage.completion_tokens == 4
