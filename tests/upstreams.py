@@ -188,7 +188,9 @@ class LlamaCppServer:
     Its `chatml-function-calling` chat format (SmolLM2's template is ChatML) takes `tools`:
     with a named `tool_choice` a grammar makes the answer that function's call, streamed as
     tool-call deltas, even from a model this small. `response_format` is a grammar too, and
-    it reports `logprobs`. It runs one request at a time.
+    it reports `logprobs`. It runs one request at a time, and by default a new request (a
+    health check of /v1/models included) ends the answer it is streaming, with a [DONE]:
+    `--interrupt_requests false` makes it wait its turn instead.
     """
 
     model = "smollm2-gguf"
@@ -205,6 +207,7 @@ class LlamaCppServer:
         gguf = assemble_gguf(resolve_model(APP_MODEL), Path(self._tmp.name))
         command = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", self.model]
         command += ["--chat_format", "chatml-function-calling", "--n_ctx", "2048", "--verbose", "false"]
+        command += ["--interrupt_requests", "false"]
         command += ["--host", "127.0.0.1", "--port", str(self.port)]
         self.process = subprocess.Popen(command, cwd=ROOT, stdout=self.log_path.open("ab"), stderr=subprocess.STDOUT)
         try:
