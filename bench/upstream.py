@@ -204,7 +204,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error("--rounds is at least 1")
-    front_cpus = os.sched_getaffinity(0) - parse_cpus(args.server_cpus) if args.server_cpus else None
+    server_cpus = parse_cpus(args.server_cpus) if args.server_cpus else None
+    front_cpus = os.sched_getaffinity(0) - server_cpus if server_cpus else None
     if front_cpus == set():
         parser.error("--server-cpus leaves no CPU for chatsite and the client")
     max_level = max(args.levels)
@@ -276,7 +277,7 @@ def main() -> None:
             "continuous_batching": args.continuous_batching,
             "cb_num_blocks": serve.cache_blocks if args.continuous_batching else None,
             "device": "cpu",
-            "server_cpus": sorted(parse_cpus(args.server_cpus)) if args.server_cpus else "shared",
+            "server_cpus": sorted(server_cpus) if server_cpus else "shared",
             "front_cpus": sorted(front_cpus) if front_cpus else "shared",
             "dtype": "float32",
             "chatsite_model": PUBLIC_MODEL,

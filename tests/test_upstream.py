@@ -360,10 +360,8 @@ def llama_cpp() -> Iterator[LlamaCppServer]:
 
 
 def test_tool_calls_stream_from_a_model_server_whole_and_on_resume(llama_cpp):
-    endpoint = {"model": "smol-tools", "base_url": llama_cpp.base_url, "upstream_model": llama_cpp.model}
     # llama.cpp's stream reports no usage: the answer is counted with the model's tokenizer.
-    endpoint["tokenizer"] = "smollm2-135m-instruct"
-    with front(endpoint) as (site, client):
+    with front(llama_cpp.endpoint(tokenizer="smollm2-135m-instruct")) as (site, client):
         request = {"model": "smol-tools", "messages": ASK_WEATHER, "tools": [WEATHER], "tool_choice": CALL_WEATHER}
         chunks = list(client.chat.completions.create(**request, max_tokens=40, temperature=0, stream=True))
         whole = client.chat.completions.create(**request, max_tokens=40, temperature=0)
@@ -419,9 +417,8 @@ def test_tool_calls_stream_from_a_model_server_whole_and_on_resume(llama_cpp):
 
 
 def test_json_modes_and_logprobs_pass_through_to_a_model_server(llama_cpp):
-    endpoint = {"model": "smol-tools", "base_url": llama_cpp.base_url, "upstream_model": llama_cpp.model}
     schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24}}, "required": ["city"]}
-    with front(endpoint) as (site, client):
+    with front(llama_cpp.endpoint()) as (site, client):
         answer = client.chat.completions.create(
             model="smol-tools",
             messages=[{"role": "user", "content": "Name a city in France."}],
@@ -466,8 +463,7 @@ def test_json_modes_and_logprobs_pass_through_to_a_model_server(llama_cpp):
 def test_requests_a_model_server_cannot_parse_fail_alone_and_open_no_circuit(llama_cpp):
     """llama.cpp answers a tool it cannot read with a 500: that user's request fails, but
     the endpoint's circuit stays closed, so that nobody else is refused for it."""
-    endpoint = {"model": "smol-tools", "base_url": llama_cpp.base_url, "upstream_model": llama_cpp.model}
-    with front(endpoint) as (site, client):
+    with front(llama_cpp.endpoint()) as (site, client):
         bad = {"model": "smol-tools", "messages": ASK_WEATHER, "tools": [{"type": "function"}], "max_tokens": 4}
         headers = {"Authorization": f"Bearer {client.api_key}"}
         refused = [httpx.post(f"{site.base_url}/v1/chat/completions", json=bad, headers=headers) for _ in range(5)]

@@ -18,6 +18,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -69,6 +70,22 @@ def paged_cache_blocks(max_streams: int, max_tokens: int) -> int:
 
     Left to its default, the paged cache takes a share of the whole machine's memory."""
     return max_streams * math.ceil((PROMPT_ALLOWANCE + max_tokens) / PAGE_SIZE) + 8
+
+
+def wait_until_answering(
+    process: subprocess.Popen[bytes], url: str, deadline: float, *, name: str, log: Callable[[], str]
+) -> None:
+    """Wait for `url` to answer 200; RuntimeError if the server exits, TimeoutError at `deadline`."""
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{name} exited with {process.returncode}:\n{log()}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{name}: {url} did not answer in time:\n{log()}")
 
 
 class TransformersServe:
@@ -156,16 +173,8 @@ class TransformersServe:
     def _wait_healthy(self, deadline: float) -> None:
         # It loads the model before it listens, so /health answers once it can generate.
         assert self.process is not None
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"transformers serve exited with {self.process.returncode}:\n{self.log()}")
-            try:
-                if httpx.get(f"{self.base_url.removesuffix('/v1')}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError(f"transformers serve not healthy after {self.ready_timeout} s:\n{self.log()}")
+        health = f"{self.base_url.removesuffix('/v1')}/health"
+        wait_until_answering(self.process, health, deadline, name="transformers serve", log=self.log)
 
     def _warm_up(self) -> float:
         started = time.monotonic()
@@ -211,7 +220,10 @@ class LlamaCppServer:
         command += ["--host", "127.0.0.1", "--port", str(self.port)]
         self.process = subprocess.Popen(command, cwd=ROOT, stdout=self.log_path.open("ab"), stderr=subprocess.STDOUT)
         try:
-            self._wait_listed(time.monotonic() + self.ready_timeout)
+            deadline = time.monotonic() + self.ready_timeout
+            wait_until_answering(
+                self.process, f"{self.base_url}/models", deadline, name="llama_cpp.server", log=self.log
+            )
         except BaseException:
             self.__exit__()
             raise
@@ -225,18 +237,9 @@ class LlamaCppServer:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def _wait_listed(self, deadline: float) -> None:
-        assert self.process is not None
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"llama_cpp.server exited with {self.process.returncode}:\n{self.log()}")
-            try:
-                if httpx.get(f"{self.base_url}/models", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError(f"llama_cpp.server not listening after {self.ready_timeout} s:\n{self.log()}")
+    def endpoint(self, model: str = "smol-tools", **settings: object) -> dict[str, object]:
+        """A CHAT_UPSTREAMS entry serving this server's model as `model`."""
+        return {"model": model, "base_url": self.base_url, "upstream_model": self.model, **settings}
 
 
 class SilentServer:
