@@ -460,6 +460,5 @@ LOGGING = {
         # chatsite.access writes every request once, with its status: Django's own
         # "Not Found: /path" warnings would say it twice.
         "django.request": {"level": "ERROR"},
-        "httpx": {"level": "WARNING"},
     },
 }

@@ -85,38 +85,52 @@ class InMemoryStreamStore:
             self._streams.setdefault(stream_id, _Stream())
 
     def append(self, stream_id: str, type: str, data: dict[str, Any]) -> int:
+        loops: list[asyncio.AbstractEventLoop] = []
         with self._lock:
-            stream = self._get(stream_id)
-            if stream.finished_at is not None:
-                raise ValueError(f"stream {stream_id} already ended")
-            event = StreamEvent(seq=len(stream.events) + 1, type=type, data=data)
-            stream.events.append(event)
-            if event.terminal:
-                stream.finished_at = time.monotonic()
-                self._finished.append((stream.finished_at, stream_id))
-            loops = []
-            for loop, waiter in stream.waiters:
-                pending = self._to_wake.setdefault(loop, [])
-                if not pending:
-                    loops.append(loop)
-                pending.append(waiter)
-            stream.waiters = []
+            seq = self._append_locked(stream_id, type, data, loops)
+        self._wake_soon(loops)
+        return seq
+
+    def append_many(self, events: list[tuple[str, str, dict[str, Any]]]) -> list[int | Exception]:
+        """`append` for each (stream id, type, data), in order: each one's sequence number,
+        or the error that one raised (StreamNotFound, ValueError); the others still go in.
+        Each reader's loop is woken once for the lot, not once per event."""
+        results: list[int | Exception] = []
+        loops: list[asyncio.AbstractEventLoop] = []
+        with self._lock:
+            for event in events:
+                try:
+                    results.append(self._append_locked(*event, loops))
+                except (StreamNotFound, ValueError) as error:
+                    results.append(error)
+        self._wake_soon(loops)
+        return results
+
+    def _append_locked(
+        self, stream_id: str, type: str, data: dict[str, Any], loops: list[asyncio.AbstractEventLoop]
+    ) -> int:
+        """Append under the lock; the loops whose readers now need waking go into `loops`."""
+        stream = self._get(stream_id)
+        if stream.finished_at is not None:
+            raise ValueError(f"stream {stream_id} already ended")
+        event = StreamEvent(seq=len(stream.events) + 1, type=type, data=data)
+        stream.events.append(event)
+        if event.terminal:
+            stream.finished_at = time.monotonic()
+            self._finished.append((stream.finished_at, stream_id))
+        for loop, waiter in stream.waiters:
+            pending = self._to_wake.setdefault(loop, [])
+            if not pending:
+                loops.append(loop)
+            pending.append(waiter)
+        stream.waiters = []
+        return event.seq
+
+    def _wake_soon(self, loops: list[asyncio.AbstractEventLoop]) -> None:
         for loop in loops:
             # Readers live in event loops; the producer is a plain thread.
             if not loop.is_closed():
                 loop.call_soon_threadsafe(self._wake, loop)
-        return event.seq
-
-    def append_many(self, events: list[tuple[str, str, dict[str, Any]]]) -> list[int | Exception]:
-        """`append` for each (stream id, type, data), in order: each one's sequence number,
-        or the error that one raised (StreamNotFound, ValueError); the others still go in."""
-        results: list[int | Exception] = []
-        for event in events:
-            try:
-                results.append(self.append(*event))
-            except (StreamNotFound, ValueError) as error:
-                results.append(error)
-        return results
 
     def exists(self, stream_id: str) -> bool:
         with self._lock:

@@ -3,12 +3,15 @@
 `TransformersServe` runs `transformers serve` on the weights chatsite itself loads, on CPU
 in float32; `LlamaCppServer` runs llama.cpp's OpenAI-compatible server (llama-cpp-python) on
 the packaged model's GGUF file, a server that does tool calls, JSON modes and logprobs;
-`SilentServer` takes connections and requests and never answers, as a hung upstream does.
+`SilentServer` takes connections and requests and never answers, as a hung upstream does;
+`ScriptedServer` answers as a test says (aiohttp's server), for a model server's failures.
 Each listens on a free loopback port and exposes `base_url`, ending in /v1.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import math
 import os
 import selectors
@@ -18,10 +21,11 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
+from aiohttp import web
 
 from inference.loading import COMPLETE_MARKER, assemble_gguf
 from inference.registry import resolve_model
@@ -281,3 +285,53 @@ class SilentServer:
                         sock.close()
             for key in list(selector.get_map().values()):
                 key.fileobj.close()  # type: ignore[union-attr]
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class ScriptedServer:
+    """`with ScriptedServer(handler) as upstream:` a real HTTP server (aiohttp's) on a free
+    loopback port and a loop of its own, that lists one model, `m`, at /v1/models and
+    answers every other request with `handler`, a coroutine that takes aiohttp's request.
+    `loop` is the server's loop, for a test to set its handler's events from outside."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.loop = asyncio.new_event_loop()
+        self._runner: web.AppRunner | None = None
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self._thread = threading.Thread(target=self.loop.run_forever, name="scripted-server", daemon=True)
+
+    def __enter__(self) -> ScriptedServer:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(timeout=10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.run_coroutine_threadsafe(self._stop(), self.loop).result(timeout=10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+
+    async def _start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_route("*", "/{path:.*}", self.handler)
+        self._runner = web.AppRunner(app, handle_signals=False)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+    async def _stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    @staticmethod
+    async def _models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
+
+
+def event_stream(chunks: list[dict[str, object]], *, done: bool = True) -> web.Response:
+    """A whole OpenAI-style event stream of `chunks`, ended by `data: [DONE]` if `done`."""
+    body = "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in chunks) + ("data: [DONE]\n\n" if done else "")
+    return web.Response(body=body.encode(), content_type="text/event-stream")

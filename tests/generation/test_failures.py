@@ -4,10 +4,9 @@ reference, and only the log has the exception's text and traceback."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 
-import httpx
 import pytest
+from aiohttp import web
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.db import OperationalError
@@ -24,6 +23,7 @@ from inference.upstream import UpstreamPool, endpoint_from_json
 from tests.conftest import install_engine, wait_for_terminal
 from tests.generation.test_answer_stream import answer_in_new_conversation, get_stream, parse_sse, session_headers
 from tests.generation.test_api import CHAT, post, sse
+from tests.upstreams import ScriptedServer, event_stream
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -116,38 +116,27 @@ async def test_the_websocket_sends_the_generic_message(alice, alice_client, fail
     assert SECRET not in json.dumps(received)
 
 
-def server_error(request: httpx.Request) -> httpx.Response:
-    return httpx.Response(500, json={"error": {"message": TORCH_FAILURE}})
+async def server_error(request: web.Request) -> web.Response:
+    return web.json_response({"error": {"message": TORCH_FAILURE}}, status=500)
 
 
-def error_mid_answer(request: httpx.Request) -> httpx.Response:
+async def error_mid_answer(request: web.Request) -> web.Response:
     chunks = [{"choices": [{"index": 0, "delta": {"content": "Hi"}}]}, {"error": {"message": TORCH_FAILURE}}]
-    body = "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in chunks)
-    return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body.encode())
-
-
-def healthy(completions: Callable[[httpx.Request], httpx.Response]) -> Callable[[httpx.Request], httpx.Response]:
-    """A model server that lists its models and answers completions with `completions`."""
-
-    def serve(request: httpx.Request) -> httpx.Response:
-        if request.url.path.endswith("/models"):
-            return httpx.Response(200, json={"object": "list", "data": [{"id": "m", "object": "model"}]})
-        return completions(request)
-
-    return serve
+    return event_stream(chunks, done=False)
 
 
 @pytest.mark.parametrize("model_server", [server_error, error_mid_answer])
 def test_a_model_servers_own_failure_reaches_the_log_not_the_stream(model_server, caplog):
     store = InMemoryStreamStore()
     pool = UpstreamPool(store, health_interval_s=60)
-    pool._started_loop()
-    pool._client = httpx.AsyncClient(transport=httpx.MockTransport(healthy(model_server)))  # a test double
-    pool.configure([endpoint_from_json({"model": "remote", "base_url": "http://gpu-1/v1", "upstream_model": "m"}, "e")])
+    with ScriptedServer(model_server) as upstream:
+        endpoint = {"model": "remote", "base_url": upstream.base_url, "upstream_model": "m"}
+        pool.configure([endpoint_from_json(endpoint, "e")])
 
-    pool.submit(Job("s1", CHAT["messages"]), model="remote", prompt_tokens=1, body={"messages": CHAT["messages"]})
+        pool.submit(Job("s1", CHAT["messages"]), model="remote", prompt_tokens=1, body={"messages": CHAT["messages"]})
 
-    error = wait_for_terminal(store, "s1", timeout=10)[-1]
+        error = wait_for_terminal(store, "s1", timeout=10)[-1]
+        pool.shut_down(1)
     assert error.type == "error" and error.data["message"] == failure_message("s1")
     assert SECRET not in json.dumps([event.data for event in store.events("s1")])
     assert any("s1" in r.getMessage() and SECRET in r.getMessage() for r in caplog.records)

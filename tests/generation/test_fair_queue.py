@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import threading
 from dataclasses import dataclass
 
-import httpx
 import pytest
+from aiohttp import web
 
 from accounts.models import Plan, UsageRecord
 from accounts.services import account_for, api_key_create
@@ -21,6 +20,7 @@ from inference.streams import InMemoryStreamStore
 from inference.upstream import UpstreamPool, endpoint_from_json
 from tests.conftest import install_engine, wait_for_terminal, wait_until
 from tests.generation.test_api import CHAT, post
+from tests.upstreams import ScriptedServer, event_stream
 
 PROMPT = [{"role": "user", "content": "Hi"}]
 
@@ -265,49 +265,46 @@ def test_cancelling_a_waiting_request_tells_the_others_their_new_places():
 def test_upstream_pool_takes_waiting_requests_in_the_same_fair_order_and_tells_them_so():
     store = InMemoryStreamStore()
     pool = UpstreamPool(store, health_interval_s=60)
-    loop = pool._started_loop()
     asked: list[str] = []  # the requests the model server received, in order
     release = asyncio.Event()
 
-    async def model_server(request: httpx.Request) -> httpx.Response:
-        if request.url.path.endswith("/models"):
-            return httpx.Response(200, json={"object": "list", "data": [{"id": "m", "object": "model"}]})
-        name = json.loads(request.content)["messages"][0]["content"]
+    async def model_server(request: web.Request) -> web.Response:
+        name = (await request.json())["messages"][0]["content"]
         asked.append(name)
         if name == "holder":
             await release.wait()
-        chunk = {"choices": [{"index": 0, "delta": {"content": name}, "finish_reason": "stop"}]}
-        body = f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n"
-        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body.encode())
+        return event_stream([{"choices": [{"index": 0, "delta": {"content": name}, "finish_reason": "stop"}]}])
 
-    pool._client = httpx.AsyncClient(transport=httpx.MockTransport(model_server))  # a test double
-    endpoint = {"model": "remote", "base_url": "http://gpu-1/v1", "upstream_model": "m", "max_concurrent": 1}
-    pool.configure([endpoint_from_json(endpoint, "e")])
+    with ScriptedServer(model_server) as upstream:
+        endpoint = {"model": "remote", "base_url": upstream.base_url, "upstream_model": "m", "max_concurrent": 1}
+        pool.configure([endpoint_from_json(endpoint, "e")])
 
-    def submit(name: str, owner: str, priority: int = 0) -> None:
-        messages = [{"role": "user", "content": name}]
-        job = Job(name, messages, priority=priority, owner=owner)
-        pool.submit(job, model="remote", prompt_tokens=1, body={"messages": messages})
+        def submit(name: str, owner: str, priority: int = 0) -> None:
+            messages = [{"role": "user", "content": name}]
+            job = Job(name, messages, priority=priority, owner=owner)
+            pool.submit(job, model="remote", prompt_tokens=1, body={"messages": messages})
 
-    submit("holder", "dave")
-    wait_until(lambda: asked == ["holder"], timeout=10)
-    names = ["a0", "a1", "a2", "b0", "c0", "vip"]
-    for name in names:
-        submit(name, {"a": "alice", "b": "bob", "c": "carol", "v": "victor"}[name[0]], 10 if name == "vip" else 0)
-        wait_until(lambda name=name: store.events(name), timeout=10)  # in line before the next comes
-    expected = ["vip", "a0", "b0", "c0", "a1", "a2"]
-    wait_until(lambda: told_places(store, names) == {name: expected.index(name) for name in names}, timeout=10)
+        submit("holder", "dave")
+        wait_until(lambda: asked == ["holder"], timeout=10)
+        names = ["a0", "a1", "a2", "b0", "c0", "vip"]
+        for name in names:
+            submit(name, {"a": "alice", "b": "bob", "c": "carol", "v": "victor"}[name[0]], 10 if name == "vip" else 0)
+            wait_until(lambda name=name: store.events(name), timeout=10)  # in line before the next comes
+        expected = ["vip", "a0", "b0", "c0", "a1", "a2"]
+        wait_until(lambda: told_places(store, names) == {name: expected.index(name) for name in names}, timeout=10)
 
-    store.cancel("b0")  # leaves the line: those behind it are told they moved up
-    assert wait_for_terminal(store, "b0", timeout=10)[-1].data["status"] == "stopped"
-    expected.remove("b0")
-    wait_until(lambda: told_places(store, expected) == {name: expected.index(name) for name in expected}, timeout=10)
+        store.cancel("b0")  # leaves the line: those behind it are told they moved up
+        assert wait_for_terminal(store, "b0", timeout=10)[-1].data["status"] == "stopped"
+        expected.remove("b0")
+        wait_until(
+            lambda: told_places(store, expected) == {name: expected.index(name) for name in expected}, timeout=10
+        )
 
-    loop.call_soon_threadsafe(release.set)
-    for name in expected:
-        assert wait_for_terminal(store, name, timeout=10)[-1].type == "done"
-    assert asked == ["holder", *expected]
-    pool.shut_down(1)
+        upstream.loop.call_soon_threadsafe(release.set)
+        for name in expected:
+            assert wait_for_terminal(store, name, timeout=10)[-1].type == "done"
+        assert asked == ["holder", *expected]
+        pool.shut_down(1)
 
 
 # -- through the API, with the plan set on the user's account ------------------------------

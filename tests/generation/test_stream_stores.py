@@ -238,6 +238,41 @@ def test_append_many_numbers_each_stream_in_order_and_reports_refusals(store):
     assert store.events("b")[-1].terminal
 
 
+async def test_append_many_wakes_the_readers_of_every_stream_it_touches(store):
+    for stream_id in ("a", "b"):
+        store.create(stream_id)
+    readers = [store.read(stream_id) for stream_id in ("a", "b")]
+    waiting = [asyncio.ensure_future(anext(reader)) for reader in readers]
+    await asyncio.sleep(0.05)  # both wait
+
+    await asyncio.to_thread(store.append_many, [("a", "token", {"delta": "1"}), ("b", "token", {"delta": "x"})])
+
+    batches = await asyncio.wait_for(asyncio.gather(*waiting), 2)
+    assert [[event.data["delta"] for event in batch] for batch in batches] == [["1"], ["x"]]
+    for reader in readers:
+        await reader.aclose()
+
+
+async def test_a_batch_of_appends_wakes_a_readers_loop_once(monkeypatch):
+    store = InMemoryStreamStore()
+    loop = asyncio.get_running_loop()
+    wakes = []
+    wake = store._wake
+    monkeypatch.setattr(store, "_wake", lambda woken: (wakes.append(woken), wake(woken)))
+    for stream_id in ("a", "b", "c"):
+        store.create(stream_id)
+    readers = [store.read(stream_id) for stream_id in ("a", "b", "c")]
+    waiting = [asyncio.ensure_future(anext(reader)) for reader in readers]
+    await asyncio.sleep(0.05)
+
+    await asyncio.to_thread(store.append_many, [(stream_id, "token", {"delta": "1"}) for stream_id in "abc"])
+
+    await asyncio.wait_for(asyncio.gather(*waiting), 2)
+    assert wakes == [loop]  # one call from the producer's thread, not one per stream
+    for reader in readers:
+        await reader.aclose()
+
+
 def test_append_many_loads_its_script_again_after_a_redis_restart(store):
     if not isinstance(store, RedisStreamStore):
         pytest.skip("Redis only")

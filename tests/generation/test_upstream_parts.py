@@ -6,6 +6,7 @@ import json
 import time
 
 import pytest
+from aiohttp import web
 from django.core.exceptions import ImproperlyConfigured
 from django.urls import reverse
 
@@ -14,7 +15,9 @@ from accounts.services import api_key_create
 from api.chunks import Completion, WholeAnswer, completion_events
 from generation import backends
 from generation.models import UpstreamEndpoint
+from inference import upstream as upstream_module
 from inference.backend import Admission, GenerationTask
+from inference.engine import Job
 from inference.generators import GenerationParams
 from inference.streams import InMemoryStreamStore, StreamEvent
 from inference.upstream import (
@@ -24,7 +27,9 @@ from inference.upstream import (
     estimate_prompt_tokens,
     openai_tool_call_deltas,
 )
+from tests.conftest import wait_for_terminal
 from tests.generation.test_api import CHAT, assert_error, post
+from tests.upstreams import ScriptedServer, event_stream
 
 ENDPOINT = {"model": "remote", "base_url": "http://127.0.0.1:9/v1", "upstream_model": "m"}
 
@@ -221,3 +226,76 @@ def test_a_task_counted_at_admission_is_not_counted_again_on_its_way_to_the_serv
     monkeypatch.setattr(upstream, "count_prompt_tokens", lambda *_: pytest.fail("counted a second time"))
     upstream.submit(GenerationTask("s", "remote", "Hi", GenerationParams(max_tokens=5), prompt_tokens=7))
     assert sent["prompt_tokens"] == 7
+
+
+# -- the HTTP client: one kept connection, bounded lines --------------------------------
+
+
+def chunk_of(text: str, finish_reason: str | None = None) -> dict[str, object]:
+    return {"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish_reason}]}
+
+
+def run_on_pool(upstream: ScriptedServer, *names: str) -> list[list[StreamEvent]]:
+    """Each of `names` generated on a new pool, one after the other, to its terminal event."""
+    store = InMemoryStreamStore()
+    pool = UpstreamPool(store, health_interval_s=60)
+    endpoint = {"model": "remote", "base_url": upstream.base_url, "upstream_model": "m"}
+    pool.configure([endpoint_from_json(endpoint, "e")])
+    try:
+        events = []
+        for name in names:
+            pool.submit(
+                Job(name, CHAT["messages"]), model="remote", prompt_tokens=1, body={"messages": CHAT["messages"]}
+            )
+            events.append(wait_for_terminal(store, name, timeout=10))
+        return events
+    finally:
+        pool.shut_down(1)
+
+
+def test_generations_one_after_another_go_over_one_kept_connection():
+    peers: list[object] = []
+
+    async def model_server(request: web.Request) -> web.Response:
+        peers.append(request.transport.get_extra_info("peername") if request.transport else None)
+        return event_stream([chunk_of("Hi"), chunk_of(" there", "stop")])
+
+    with ScriptedServer(model_server) as upstream:
+        answers = run_on_pool(upstream, "s1", "s2", "s3", "s4")
+
+    assert [[e.data.get("delta") for e in events if e.type == "token"] for events in answers] == [["Hi", " there"]] * 4
+    # Read to its end, each response gave its connection back to the pool. (Two at most: the
+    # first health check may hold one while the first generation starts.)
+    assert len(peers) == 4 and len(set(peers)) <= 2
+
+
+def test_a_line_longer_than_the_limit_fails_the_answer_and_opens_no_circuit(monkeypatch):
+    monkeypatch.setattr(upstream_module, "MAX_LINE_BYTES", 1000)
+
+    async def model_server(request: web.Request) -> web.Response:
+        return event_stream([chunk_of("x" * 2000, "stop")])
+
+    store = InMemoryStreamStore()
+    pool = UpstreamPool(store, health_interval_s=60, failure_threshold=1)
+    with ScriptedServer(model_server) as upstream:
+        pool.configure(
+            [endpoint_from_json({"model": "remote", "base_url": upstream.base_url, "upstream_model": "m"}, "e")]
+        )
+        pool.submit(Job("s1", CHAT["messages"]), model="remote", prompt_tokens=1, body={"messages": CHAT["messages"]})
+        error = wait_for_terminal(store, "s1", timeout=10)[-1]
+        snapshot = pool.snapshots()[0]
+        pool.shut_down(1)
+
+    assert error.type == "error" and error.data["code"] == "upstream_error"
+    assert (snapshot["state"], snapshot["errors"]) == ("up", 1)
+
+
+def test_a_stream_that_ends_without_done_keeps_what_it_sent():
+    async def model_server(request: web.Request) -> web.Response:
+        return event_stream([chunk_of("Hi"), chunk_of(" there", "stop")], done=False)
+
+    with ScriptedServer(model_server) as upstream:
+        [events] = run_on_pool(upstream, "s1")
+
+    assert [e.data["delta"] for e in events if e.type == "token"] == ["Hi", " there"]
+    assert events[-1].type == "done" and events[-1].data["finish_reason"] == "stop"
