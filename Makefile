@@ -86,6 +86,7 @@ bench: $(VENV)/.installed-dev
 	$(PY) -m bench.redis_latency
 	$(PY) -m bench.fanout
 	$(PY) -m bench.door
+	$(PY) -m bench.upstream_cost
 
 # Concurrent API streams: chatsite's two schedulers and `transformers serve
 # --continuous-batching` (installed once into .cache/peer-venv), each in the default dtype

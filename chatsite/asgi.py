@@ -76,3 +76,18 @@ def stop_gracefully_under_daphne() -> None:
 
 
 stop_gracefully_under_daphne()
+
+
+def stream_upstreams_on_daphnes_loop() -> None:
+    """Model servers' answers stream on daphne's own loop, where their readers wait, not on
+    a thread of their own (UpstreamBackend.serve_on_running_loop says when and why)."""
+    if "twisted.internet.reactor" not in sys.modules:  # not under daphne (tests, other servers)
+        return
+    from twisted.internet import reactor as twisted_reactor
+
+    reactor: Any = twisted_reactor  # the installed reactor; typed as an interface, without self
+    # On the loop once it runs: the asyncio reactor's calls run on asyncio's loop.
+    reactor.callLater(0, backend().upstream.serve_on_running_loop)
+
+
+stream_upstreams_on_daphnes_loop()

@@ -313,6 +313,13 @@ class UpstreamBackend:
     def start(self) -> None:
         self.refresh(force=True)
 
+    def serve_on_running_loop(self) -> None:
+        """Stream on the web server's loop (UpstreamPool.serve_on_running_loop) where the
+        stream store is this process's memory. A shared store's appends are network round
+        trips, which must not stall the web server's loop: its pool keeps a thread."""
+        if self.pool.store.local:
+            self.pool.serve_on_running_loop()
+
     def housekeep(self) -> None:
         """Nothing of its own: a dead process's upstream runs are settled by the reaper."""
 

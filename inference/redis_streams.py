@@ -85,6 +85,8 @@ class RedisStreamStore:
     Each stream keeps at most about `maxlen` events.
     """
 
+    local = False
+
     def __init__(
         self,
         url: str,

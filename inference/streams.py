@@ -36,6 +36,10 @@ class StreamNotFound(LookupError):
 
 
 class StreamStore(Protocol):
+    # In this process's memory: its calls never wait on the network, so an event loop may
+    # make them, and no other process appends to its streams or cancels them.
+    local: bool
+
     def create(self, stream_id: str) -> None: ...
     def append(self, stream_id: str, type: str, data: dict[str, Any]) -> int: ...
     def append_many(self, events: list[tuple[str, str, dict[str, Any]]]) -> list[int | Exception]: ...
@@ -65,6 +69,8 @@ class _Stream:
 
 class InMemoryStreamStore:
     """Streams of one process, kept `retention_s` seconds after their terminal event."""
+
+    local = True
 
     def __init__(self, retention_s: float = 600.0) -> None:
         self.retention_s = retention_s
@@ -127,9 +133,14 @@ class InMemoryStreamStore:
         return event.seq
 
     def _wake_soon(self, loops: list[asyncio.AbstractEventLoop]) -> None:
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
         for loop in loops:
-            # Readers live in event loops; the producer is a plain thread.
-            if not loop.is_closed():
+            if loop is running:  # a producer on its readers' loop (the upstream pool's on the web server's)
+                loop.call_soon(self._wake, loop)
+            elif not loop.is_closed():  # a producer in a thread of its own: wake the readers' loop
                 loop.call_soon_threadsafe(self._wake, loop)
 
     def exists(self, stream_id: str) -> bool:

@@ -20,10 +20,12 @@ callbacks first, so that readers, resume, Stop and the ledger never know where i
 - Stop: one look at the store's cancel flags every `cancel_poll_s` for all running
   generations; a cancelled one closes its HTTP request, so the server aborts it.
 
-Everything runs on one asyncio loop in a thread of its own, with one kept connection
-pool. The client is aiohttp rather than httpx: streaming a chunk costs it about a third
-of httpx's CPU (76 against 230 µs here, `docs/benchmarks.md`), CPU that a model server on
-the same machine would otherwise lose. No Django imports here.
+Everything runs on one asyncio loop, with one kept connection pool: the web server's
+own where it asks for it (`serve_on_running_loop`: then a chunk wakes no other thread on
+its way to the reader), else one in a thread of the pool's. The client is aiohttp rather
+than httpx: streaming a chunk costs it about a third of httpx's CPU (76 against 230 µs
+here, `docs/benchmarks.md`), CPU that a model server on the same machine would otherwise
+lose. No Django imports here.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 from aiohttp.http_exceptions import LineTooLong
@@ -50,6 +52,7 @@ from inference.generators import Prompt
 from inference.streams import StreamStore
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # What an upstream model can do that the in-process engine cannot: request fields passed through.
 PASSTHROUGH_FIELDS = (
@@ -265,6 +268,7 @@ class UpstreamPool:
         self._runs: dict[str, _Run] = {}  # running or waiting, by stream id
         self._stopping = False  # shut_down(): new requests are refused
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._serving = False  # its loop runs its session, waiting room and background tasks
         self._client: aiohttp.ClientSession | None = None
         self._room: asyncio.Condition | None = None
         self._background: list[asyncio.Task[None]] = []
@@ -371,13 +375,29 @@ class UpstreamPool:
             if run.task is not None:
                 run.task.cancel()  # closes its HTTP request: the server stops generating
 
+    def serve_on_running_loop(self) -> None:
+        """Stream on the loop this is called on (a web server's, where the streams' readers
+        wait) instead of on a thread of the pool's own. Each chunk is then read, published
+        and written to its readers in one thread: no other thread is woken for it, which
+        on a machine the model server shares costs it less (docs/benchmarks.md). Call it
+        before the first submit; once the pool runs, it changes nothing."""
+        with self._lock:
+            if self._loop is None:
+                self._loop = asyncio.get_running_loop()
+
     def _started_loop(self) -> asyncio.AbstractEventLoop:
+        """The pool's loop, serving. The first call starts it: a thread of the pool's own
+        with its loop, unless serve_on_running_loop gave it one. (Not before: its health
+        checks begin with its first request, wherever it runs.)"""
         with self._lock:
             if self._loop is None:
                 ready = threading.Event()
                 thread = threading.Thread(target=self._serve, args=(ready,), name="chatsite-upstream", daemon=True)
                 thread.start()
                 ready.wait()
+            elif not self._serving:
+                self._loop.call_soon_threadsafe(self._begin_serving)  # before the request that follows
+            self._serving = True
             assert self._loop is not None
             return self._loop
 
@@ -385,19 +405,24 @@ class UpstreamPool:
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
         self._loop = loop
-        self._client = loop.run_until_complete(_session())
+        loop.call_soon(self._begin_serving)
+        loop.call_soon(ready.set)
+        loop.run_forever()
+
+    def _begin_serving(self) -> None:
+        """On the pool's loop: its HTTP session, its waiting room, its background tasks."""
+        loop = asyncio.get_running_loop()
+        self._client = _session()
         self._room = asyncio.Condition()
         self._background = [
             loop.create_task(self._poll_cancels()),
             loop.create_task(self._check_health()),
             loop.create_task(self._beat()),
         ]
-        ready.set()
-        loop.run_forever()
 
     def _wake(self) -> None:
         """Let waiting requests look again for room (from any thread)."""
-        if self._loop is not None:
+        if self._serving and self._loop is not None:
             asyncio.run_coroutine_threadsafe(self._notify(), self._loop)
 
     async def _notify(self) -> None:
@@ -712,6 +737,14 @@ class UpstreamPool:
 
     # -- background tasks ----------------------------------------------------------------
 
+    async def _in_store(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """A store call from the loop: on a thread where it may wait on the network; a store
+        in memory answers at once, and a thread woken for it 20 times a second would cost
+        a model server on the same machine more than the look itself."""
+        if self.store.local:
+            return call(*args, **kwargs)
+        return await asyncio.to_thread(call, *args, **kwargs)
+
     async def _poll_cancels(self) -> None:
         """One look at the cancel flags of every running generation per period."""
         while True:
@@ -721,7 +754,7 @@ class UpstreamPool:
             if not runs:
                 continue
             try:
-                cancelled = await asyncio.to_thread(self.store.cancelled_among, list(runs))
+                cancelled = await self._in_store(self.store.cancelled_among, list(runs))
             except Exception:
                 logger.exception("Could not read the cancel flags; looking again shortly")
                 continue
@@ -734,7 +767,7 @@ class UpstreamPool:
         has no engine beating for it)."""
         while True:
             try:
-                await asyncio.to_thread(self.store.beat, self.producer, ttl_s=self.HEARTBEAT_S * 3)
+                await self._in_store(self.store.beat, self.producer, ttl_s=self.HEARTBEAT_S * 3)
             except Exception:
                 logger.exception("Upstream heartbeat failed")
             await asyncio.sleep(self.HEARTBEAT_S)
@@ -785,8 +818,8 @@ def openai_tool_call_deltas(deltas: list[dict[str, Any]], begun: set[int]) -> li
 MAX_LINE_BYTES = 4 * 2**20
 
 
-async def _session() -> aiohttp.ClientSession:
-    """The pool's one HTTP session, made on its loop. No cap on connections: each endpoint
+def _session() -> aiohttp.ClientSession:
+    """The pool's one HTTP session, made on its running loop. No cap on connections: each endpoint
     caps its own requests (`max_concurrent`). Proxies from the environment, as httpx did."""
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), trust_env=True)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -299,3 +300,29 @@ def test_a_stream_that_ends_without_done_keeps_what_it_sent():
 
     assert [e.data["delta"] for e in events if e.type == "token"] == ["Hi", " there"]
     assert events[-1].type == "done" and events[-1].data["finish_reason"] == "stop"
+
+
+async def test_a_pool_on_its_readers_loop_streams_there_without_a_thread_of_its_own():
+    async def model_server(request: web.Request) -> web.Response:
+        return event_stream([chunk_of("Hi"), chunk_of(" there", "stop")])
+
+    store = InMemoryStreamStore()
+    pool = UpstreamPool(store, health_interval_s=60)
+    with ScriptedServer(model_server) as upstream:
+        pool.configure(
+            [endpoint_from_json({"model": "remote", "base_url": upstream.base_url, "upstream_model": "m"}, "e")]
+        )
+        pool.serve_on_running_loop()
+        # Submitted from another thread, as a request's database thread does.
+        job = Job("s1", CHAT["messages"])
+        await asyncio.to_thread(pool.submit, job, model="remote", prompt_tokens=1, body={"messages": CHAT["messages"]})
+        events = [event async for batch in store.read("s1") for event in batch]
+        await asyncio.to_thread(pool.shut_down, 1)
+        for task in pool._background:
+            task.cancel()
+        assert pool._client is not None
+        await pool._client.close()
+
+    assert [e.data["delta"] for e in events if e.type == "token"] == ["Hi", " there"]
+    assert events[-1].type == "done"
+    assert pool._loop is asyncio.get_running_loop()  # no loop, so no thread, of its own
