@@ -313,6 +313,7 @@ class ScriptedServer:
         asyncio.run_coroutine_threadsafe(self._stop(), self.loop).result(timeout=10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=10)
+        self.loop.close()
 
     async def _start(self) -> None:
         app = web.Application()
