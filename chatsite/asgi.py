@@ -49,18 +49,23 @@ application = ProtocolTypeRouter(
 backend().start()
 
 
-def stop_gracefully_under_daphne() -> None:
+def daphnes_reactor() -> Any | None:
+    """The Twisted reactor daphne runs this process on; None when not under daphne (tests,
+    other servers). Typed Any: Twisted types it as an interface, without self."""
+    if "twisted.internet.reactor" not in sys.modules:
+        return None
+    from twisted.internet import reactor
+
+    return reactor
+
+
+def stop_gracefully_under_daphne(reactor: Any) -> None:
     """SIGTERM drains the process: no new generations (503 and Retry-After, /readyz 503),
     those under way finish for up to GRACEFUL_TIMEOUT seconds while their readers stay
     connected, the rest end as interrupted with their text; then daphne stops, and the
     process exits 0. Any other stop (Ctrl-C) interrupts what runs at once: either way the
     model's threads end before the interpreter does, which otherwise aborts it."""
-    if "twisted.internet.reactor" not in sys.modules:  # not under daphne (tests, other servers)
-        return
-    from twisted.internet import reactor as twisted_reactor
     from twisted.internet import threads
-
-    reactor: Any = twisted_reactor  # the installed reactor; typed as an interface, without self
 
     def drain_then_stop() -> None:
         backend().shut_down(settings.GRACEFUL_TIMEOUT)
@@ -75,19 +80,13 @@ def stop_gracefully_under_daphne() -> None:
     reactor.addSystemEventTrigger("before", "shutdown", threads.deferToThread, backend().shut_down, 0)
 
 
-stop_gracefully_under_daphne()
-
-
-def stream_upstreams_on_daphnes_loop() -> None:
+def stream_upstreams_on_daphnes_loop(reactor: Any) -> None:
     """Model servers' answers stream on daphne's own loop, where their readers wait, not on
     a thread of their own (UpstreamBackend.serve_on_running_loop says when and why)."""
-    if "twisted.internet.reactor" not in sys.modules:  # not under daphne (tests, other servers)
-        return
-    from twisted.internet import reactor as twisted_reactor
-
-    reactor: Any = twisted_reactor  # the installed reactor; typed as an interface, without self
     # On the loop once it runs: the asyncio reactor's calls run on asyncio's loop.
     reactor.callLater(0, backend().upstream.serve_on_running_loop)
 
 
-stream_upstreams_on_daphnes_loop()
+if (daphne := daphnes_reactor()) is not None:
+    stop_gracefully_under_daphne(daphne)
+    stream_upstreams_on_daphnes_loop(daphne)
