@@ -81,12 +81,17 @@ class ProgramsHandler(ASGIHandler):
 
         listening = asyncio.create_task(self.listen_for_disconnect(receive))
         responding = asyncio.create_task(respond())
-        await asyncio.wait([listening, responding], return_when=asyncio.FIRST_COMPLETED)
-        for task in (listening, responding):
-            if not task.done():
-                task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, RequestAborted):
-                await task
+        try:
+            await asyncio.wait([listening, responding], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            # Also when this request is cancelled itself (daphne cancels the requests still
+            # open as it stops): a task left behind would end unawaited, its disconnect
+            # logged as "Task exception was never retrieved".
+            for task in (listening, responding):
+                if not task.done():
+                    task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, RequestAborted):
+                    await task
         if responding.cancelled():
             signals.request_finished.send(sender=self.__class__)
         else:

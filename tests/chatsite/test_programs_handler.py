@@ -3,12 +3,14 @@ without a thread of each request's own for the request signals or the database."
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator
 
 import httpx
 import pytest
 from asgiref.sync import sync_to_async
+from asgiref.testing import ApplicationCommunicator
 from django.core.signals import request_finished, request_started
 from django.db.backends.signals import connection_created
 
@@ -88,3 +90,25 @@ async def test_the_api_opens_database_connections_only_on_threads_that_keep_them
     assert [r.status_code for r in (whole, streamed, resumed, cancelled, usage, models)] == [200] * 6
     assert "data: [DONE]" in streamed.text
     assert opened_on and all(name.startswith(THREAD_NAME) for name in opened_on), opened_on
+
+
+class NeverAnswers(ProgramsHandler):
+    async def run_get_response(self, request):
+        await asyncio.Event().wait()
+
+
+async def test_a_request_cancelled_as_the_server_stops_leaves_no_task_behind():
+    # daphne cancels the requests still open as it stops. A disconnect watcher left
+    # running would raise RequestAborted once the connection closes, with no one to
+    # await it: "Task exception was never retrieved" in the log of a clean stop.
+    scope = {"type": "http", "method": "GET", "path": "/v1/models", "query_string": b"", "headers": [HOST]}
+    communicator = ApplicationCommunicator(NeverAnswers(), scope)
+    await communicator.send_input({"type": "http.request", "body": b""})
+    await asyncio.sleep(0.1)  # the view is waiting, the disconnect watched
+    communicator.future.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await communicator.future
+    await communicator.input_queue.put({"type": "http.disconnect"})  # the connection closes
+    await asyncio.sleep(0.1)
+
+    assert asyncio.all_tasks() == {asyncio.current_task()}
