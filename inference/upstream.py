@@ -80,6 +80,15 @@ class Endpoint:
     # the prompt at admission, and the answer when the server reports no usage.
     tokenizer: str | None = None
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """What every request to the server carries: its API key, when it has one."""
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def url(self, path: str) -> str:
+        """The address of one of the server's API paths (`chat/completions`, `models`)."""
+        return f"{self.base_url.rstrip('/')}/{path}"
+
 
 def endpoint_from_json(data: Any, name: str) -> Endpoint:
     """An Endpoint from a JSON object (CHAT_UPSTREAMS); ValueError naming what is wrong."""
@@ -533,14 +542,13 @@ class UpstreamPool:
         """Stream one attempt; UpstreamFailed when the endpoint fails it."""
         endpoint = state.endpoint
         chat = "messages" in body
-        url = f"{endpoint.base_url.rstrip('/')}/{'chat/completions' if chat else 'completions'}"
+        url = endpoint.url("chat/completions" if chat else "completions")
         request = {
             **body,
             "model": endpoint.upstream_model,
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-        headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
         # No total: an answer streams for as long as it takes, each silence bounded.
         timeout = aiohttp.ClientTimeout(sock_connect=endpoint.connect_timeout_s, sock_read=endpoint.read_timeout_s)
         assert self._client is not None
@@ -549,7 +557,7 @@ class UpstreamPool:
             async with contextlib.AsyncExitStack() as stack:
                 async with asyncio.timeout(endpoint.first_token_timeout_s) as first_token:
                     response = await stack.enter_async_context(
-                        self._client.post(url, json=request, headers=headers, timeout=timeout)
+                        self._client.post(url, json=request, headers=endpoint.headers, timeout=timeout)
                     )
                     if response.status >= 400:
                         raise await self._refusal(response, run)
@@ -779,11 +787,10 @@ class UpstreamPool:
                 states = list(self._states.values())
             for state in states:
                 endpoint = state.endpoint
-                headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
-                url = f"{endpoint.base_url.rstrip('/')}/models"
+                url = endpoint.url("models")
                 timeout = aiohttp.ClientTimeout(total=endpoint.connect_timeout_s)
                 try:
-                    async with self._client.get(url, headers=headers, timeout=timeout) as response:
+                    async with self._client.get(url, headers=endpoint.headers, timeout=timeout) as response:
                         await response.read()  # all of it: the connection goes back to the pool
                         healthy = response.status < 500
                 except (aiohttp.ClientError, TimeoutError):

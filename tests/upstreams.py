@@ -294,10 +294,12 @@ class ScriptedServer:
     """`with ScriptedServer(handler) as upstream:` a real HTTP server (aiohttp's) on a free
     loopback port and a loop of its own, that lists one model, `m`, at /v1/models and
     answers every other request with `handler`, a coroutine that takes aiohttp's request.
-    `loop` is the server's loop, for a test to set its handler's events from outside."""
+    `loop` is the server's loop, for a test to set its handler's events from outside;
+    `requests` the method, path and headers of each request it received."""
 
     def __init__(self, handler: Handler) -> None:
         self.handler = handler
+        self.requests: list[tuple[str, str, dict[str, str]]] = []
         self.loop = asyncio.new_event_loop()
         self._runner: web.AppRunner | None = None
         self.port = free_port()
@@ -316,7 +318,7 @@ class ScriptedServer:
         self.loop.close()
 
     async def _start(self) -> None:
-        app = web.Application()
+        app = web.Application(middlewares=[self._record])
         app.router.add_get("/v1/models", self._models)
         app.router.add_route("*", "/{path:.*}", self.handler)
         self._runner = web.AppRunner(app, handle_signals=False)
@@ -326,6 +328,11 @@ class ScriptedServer:
     async def _stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+
+    @web.middleware
+    async def _record(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        self.requests.append((request.method, request.path, dict(request.headers)))
+        return await handler(request)
 
     @staticmethod
     async def _models(request: web.Request) -> web.Response:

@@ -236,11 +236,11 @@ def chunk_of(text: str, finish_reason: str | None = None) -> dict[str, object]:
     return {"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish_reason}]}
 
 
-def run_on_pool(upstream: ScriptedServer, *names: str) -> list[list[StreamEvent]]:
+def run_on_pool(upstream: ScriptedServer, *names: str, **endpoint_fields: object) -> list[list[StreamEvent]]:
     """Each of `names` generated on a new pool, one after the other, to its terminal event."""
     store = InMemoryStreamStore()
     pool = UpstreamPool(store, health_interval_s=60)
-    endpoint = {"model": "remote", "base_url": upstream.base_url, "upstream_model": "m"}
+    endpoint = {"model": "remote", "base_url": upstream.base_url, "upstream_model": "m", **endpoint_fields}
     pool.configure([endpoint_from_json(endpoint, "e")])
     try:
         events = []
@@ -268,6 +268,23 @@ def test_generations_one_after_another_go_over_one_kept_connection():
     # Read to its end, each response gave its connection back to the pool. (Two at most: the
     # first health check may hold one while the first generation starts.)
     assert len(peers) == 4 and len(set(peers)) <= 2
+
+
+def test_an_endpoints_api_key_goes_with_its_generations_and_health_checks_and_nowhere_else():
+    async def model_server(request: web.Request) -> web.Response:
+        return event_stream([chunk_of("Hi", "stop")])
+
+    with ScriptedServer(model_server) as upstream:
+        run_on_pool(upstream, "s1", api_key="sk-upstream")
+    with ScriptedServer(model_server) as keyless:
+        run_on_pool(keyless, "s2")
+
+    asked = {(method, path): headers.get("Authorization") for method, path, headers in upstream.requests}
+    assert asked == {
+        ("GET", "/v1/models"): "Bearer sk-upstream",
+        ("POST", "/v1/chat/completions"): "Bearer sk-upstream",
+    }
+    assert keyless.requests and all("Authorization" not in headers for _, _, headers in keyless.requests)
 
 
 def test_a_line_longer_than_the_limit_fails_the_answer_and_opens_no_circuit(monkeypatch):
