@@ -39,11 +39,13 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
 import aiohttp
+from aiohttp.helpers import get_env_proxy_for_url
 from aiohttp.http_exceptions import LineTooLong
+from yarl import URL
 
 from inference.backend import Admission
 from inference.engine import INTERRUPTED, EngineOverloaded, GenerationResult, Job, failure_message
@@ -79,6 +81,19 @@ class Endpoint:
     # A tokenizer like the server's (a registry name, a local directory or a hub id): counts
     # the prompt at admission, and the answer when the server reports no usage.
     tokenizer: str | None = None
+    # The proxy, and its credentials, that the environment names for the server: read once
+    # here (off the loop) by aiohttp's own rules (HTTP(S)_PROXY, NO_PROXY, ~/.netrc), as
+    # its trust_env would on two threads for each request.
+    proxy: URL | None = field(init=False, repr=False, compare=False)
+    proxy_auth: aiohttp.BasicAuth | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        try:
+            proxy, proxy_auth = get_env_proxy_for_url(URL(self.base_url))
+        except LookupError:  # none, or the server is in NO_PROXY
+            proxy, proxy_auth = None, None
+        object.__setattr__(self, "proxy", proxy)
+        object.__setattr__(self, "proxy_auth", proxy_auth)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -95,7 +110,7 @@ def endpoint_from_json(data: Any, name: str) -> Endpoint:
     if not isinstance(data, dict):
         raise ValueError("each upstream is a JSON object")
     required = {"model", "base_url", "upstream_model"}
-    known = required | {f for f in Endpoint.__dataclass_fields__ if f != "name"}
+    known = required | {f.name for f in fields(Endpoint) if f.init and f.name != "name"}
     if missing := required - data.keys():
         raise ValueError(f"an upstream needs {', '.join(sorted(missing))}")
     if unknown := data.keys() - known:
@@ -473,6 +488,12 @@ class UpstreamPool:
                     )
                     if final:
                         break
+                except Exception:
+                    # A chunk of a shape no server should send, or a fault of chatsite's own:
+                    # the answer ends with an error (the log has why) instead of never ending.
+                    logger.exception("Generation %s failed on upstream %s", run.job.stream_id, state.endpoint.name)
+                    failure = UpstreamFailed(failure_message(run.job.stream_id), retry=False)
+                    break
                 finally:
                     await self._release(state)
         except asyncio.CancelledError:
@@ -557,7 +578,14 @@ class UpstreamPool:
             async with contextlib.AsyncExitStack() as stack:
                 async with asyncio.timeout(endpoint.first_token_timeout_s) as first_token:
                     response = await stack.enter_async_context(
-                        self._client.post(url, json=request, headers=endpoint.headers, timeout=timeout)
+                        self._client.post(
+                            url,
+                            json=request,
+                            headers=endpoint.headers,
+                            proxy=endpoint.proxy,
+                            proxy_auth=endpoint.proxy_auth,
+                            timeout=timeout,
+                        )
                     )
                     if response.status >= 400:
                         raise await self._refusal(response, run)
@@ -790,7 +818,13 @@ class UpstreamPool:
                 url = endpoint.url("models")
                 timeout = aiohttp.ClientTimeout(total=endpoint.connect_timeout_s)
                 try:
-                    async with self._client.get(url, headers=endpoint.headers, timeout=timeout) as response:
+                    async with self._client.get(
+                        url,
+                        headers=endpoint.headers,
+                        proxy=endpoint.proxy,
+                        proxy_auth=endpoint.proxy_auth,
+                        timeout=timeout,
+                    ) as response:
                         await response.read()  # all of it: the connection goes back to the pool
                         healthy = response.status < 500
                 except (aiohttp.ClientError, TimeoutError):
@@ -827,8 +861,10 @@ MAX_LINE_BYTES = 4 * 2**20
 
 def _session() -> aiohttp.ClientSession:
     """The pool's one HTTP session, made on its running loop. No cap on connections: each endpoint
-    caps its own requests (`max_concurrent`). Proxies from the environment, as httpx did."""
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), trust_env=True)
+    caps its own requests (`max_concurrent`). Proxies come with each request (`Endpoint.proxy`):
+    trust_env would look them up, and a ~/.netrc entry for the server, on a thread for every
+    request, and that entry would fail any request that sends an API key."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
 
 
 async def _chunks(response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
@@ -850,9 +886,12 @@ async def _chunks(response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, A
         if data == b"[DONE]":
             return
         try:
-            yield json.loads(data)
+            chunk = json.loads(data)
         except ValueError:
             raise UpstreamFailed("The model server sent a chunk that is not JSON.") from None
+        if not isinstance(chunk, dict):
+            raise UpstreamFailed("The model server sent a chunk that is not a JSON object.")
+        yield chunk
 
 
 def _call_safely(callback: Callable[[Any], None], argument: Any) -> None:

@@ -287,6 +287,61 @@ def test_an_endpoints_api_key_goes_with_its_generations_and_health_checks_and_no
     assert keyless.requests and all("Authorization" not in headers for _, _, headers in keyless.requests)
 
 
+def test_requests_go_through_the_proxy_the_environment_names_unless_no_proxy_spares_the_server(monkeypatch):
+    async def model_server(request: web.Request) -> web.Response:
+        return event_stream([chunk_of("Hi", "stop")])
+
+    with ScriptedServer(model_server) as proxy:
+        monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy.port}")
+        # A name nothing resolves: only the proxy can reach it.
+        [events] = run_on_pool(proxy, "s1", base_url="http://model-server.invalid/v1")
+    with ScriptedServer(model_server) as direct:
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+        run_on_pool(direct, "s2")
+
+    assert events[-1].type == "done"
+    assert ("POST", "/v1/chat/completions", "model-server.invalid") in {
+        (method, path, headers["Host"]) for method, path, headers in proxy.requests
+    }
+    assert direct.requests
+
+
+def test_a_netrc_entry_for_the_model_server_neither_replaces_nor_clashes_with_its_api_key(monkeypatch, tmp_path):
+    # aiohttp's trust_env would send the entry as basic auth, refusing it beside the key.
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine 127.0.0.1 login someone password secret\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(netrc))
+
+    async def model_server(request: web.Request) -> web.Response:
+        return event_stream([chunk_of("Hi", "stop")])
+
+    with ScriptedServer(model_server) as upstream:
+        [events] = run_on_pool(upstream, "s1", api_key="sk-upstream")
+
+    assert events[-1].type == "done"
+    assert {headers["Authorization"] for _, _, headers in upstream.requests} == {"Bearer sk-upstream"}
+
+
+@pytest.mark.parametrize(
+    "chunk, says",
+    [
+        ([1, 2], "not a JSON object"),
+        ({"choices": "Hi"}, "Reference: s1"),  # the log has the traceback under the reference
+        ({"choices": [{"delta": "Hi"}]}, "Reference: s1"),
+    ],
+)
+def test_a_chunk_of_an_unexpected_shape_ends_the_answer_with_an_error_not_a_hang(chunk, says):
+    async def model_server(request: web.Request) -> web.Response:
+        return event_stream([chunk_of("Hi"), chunk])
+
+    with ScriptedServer(model_server) as upstream:
+        [events] = run_on_pool(upstream, "s1")
+
+    assert [e.data["delta"] for e in events if e.type == "token"] == ["Hi"]  # what came is kept
+    assert events[-1].type == "error" and says in events[-1].data["message"]
+
+
 def test_a_line_longer_than_the_limit_fails_the_answer_and_opens_no_circuit(monkeypatch):
     monkeypatch.setattr(upstream_module, "MAX_LINE_BYTES", 1000)
 
