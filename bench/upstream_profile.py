@@ -1,0 +1,139 @@
+"""Where chatsite's web process spends its time streaming a model server's answers.
+
+    python -m bench.upstream_profile [--level 8] [--chunks 64] [--seconds 30] [--py-spy PATH]
+        [--results bench/results/upstream_profile.json]
+
+bench.upstream_cost says how much CPU chatsite takes per chunk; this says on what. The
+scripted server of that bench (bench.lockstep_server) serves bursts of --level streams
+through chatsite for --seconds while `py-spy` (not a requirement: `pip install py-spy`)
+samples every thread of chatsite's process 200 times a second. Samples are sorted into
+the stages of a chunk's way by the first matching frame of their stack; waits (the event
+loop's select, idle pool threads) are left out. Prints, per stage, the share of the
+event loop thread's busy samples and its milliseconds per chunk, then the same for the
+other threads together (the database threads: each request's admission and ledger).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.upstream_cost import MODEL, burst
+from tests.livesite import ROOT, LiveSite, free_port, stop_process, unlimited_api_key
+from tests.upstreams import wait_until_answering
+
+RESULTS = ROOT / "bench" / "results" / "upstream_profile.json"
+RATE = 200  # samples a second
+# The stages of a streamed chunk, each named by a frame only its stack holds; first match wins.
+STAGES = (
+    ("write to the client (daphne, Twisted)", ("guarded_send", "callWithLogger")),
+    ("format the client's chunks (store read, JSON)", ("streaming_content.<locals>.awrapper",)),
+    ("read the model server (aiohttp, SSE parse)", ("UpstreamPool._stream", "_SelectorSocketTransport._read_ready")),
+    ("append to the stream store, wake readers", ("UpstreamPool._flush", "InMemoryStreamStore._wake")),
+    ("the door (request, key, admission, ledger)", ("run_get_response", "RequestLog.__call__", "generation/")),
+)
+IDLE = ("select (", "epoll", "wait (threading", "_worker (concurrent/futures/thread.py:81)", "_housekeep_inline")
+
+
+def stage_of(frames: list[str]) -> str | None:
+    """The stage a sample's stack belongs to; None for a thread waiting."""
+    if any(idle in frames[-1] for idle in IDLE):
+        return None
+    for name, marks in STAGES:
+        if any(mark in frame for frame in frames for mark in marks):
+            return name
+    return "other"
+
+
+def summarize(raw: Path, chunks: int) -> dict[str, dict[str, float]]:
+    """{thread group: {stage: samples}} from py-spy's raw (collapsed) output."""
+    groups: dict[str, collections.Counter[str]] = {
+        "event loop thread": collections.Counter(),
+        "other threads": collections.Counter(),
+    }
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        if (stage := stage_of(frames)) is not None:
+            group = "event loop thread" if "MainThread" in frames[0] else "other threads"
+            groups[group][stage] += int(count)
+    return {
+        group: {stage: 1000 * samples / RATE / chunks for stage, samples in counts.most_common()}
+        for group, counts in groups.items()
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--level", type=int, default=8)
+    parser.add_argument("--chunks", type=int, default=64)
+    parser.add_argument("--seconds", type=int, default=30)
+    parser.add_argument("--py-spy", default=shutil.which("py-spy"), help="the py-spy executable")
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    if not args.py_spy:
+        sys.exit("py-spy not found: pip install py-spy, or give --py-spy")
+
+    with contextlib.ExitStack() as stack:
+        scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="chatsite-upstream-profile-")))
+        arrivals, raw = scratch / "arrivals.jsonl", scratch / "profile.txt"
+        arrivals.touch()
+        port = free_port()
+        serve = ["bench.lockstep_server", str(port), str(arrivals), str(args.chunks), "0.02"]
+        server = subprocess.Popen([sys.executable, "-m", *serve], cwd=ROOT)
+        stack.callback(stop_process, server)
+        server_url = f"http://127.0.0.1:{port}"
+        wait_until_answering(server, f"{server_url}/v1/models", time.monotonic() + 30, name="lockstep", log=lambda: "")
+        upstream = {"model": MODEL, "base_url": f"{server_url}/v1", "upstream_model": MODEL, "max_concurrent": 64}
+        site = stack.enter_context(LiveSite(env={"CHAT_UPSTREAMS": json.dumps([upstream])}))
+        assert site.process is not None
+        key = unlimited_api_key(site)
+        asyncio.run(burst(site.base_url, key, MODEL, args.level, args.chunks))  # warm-up
+        record = [args.py_spy, "record", "--pid", str(site.process.pid), "-d", str(args.seconds), "-r", str(RATE)]
+        spy = subprocess.Popen(
+            [*record, "--threads", "--idle", "-f", "raw", "-o", str(raw)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        bursts, stop_at = 0, time.monotonic() + args.seconds - 2  # all within the recording
+        while time.monotonic() < stop_at:
+            asyncio.run(burst(site.base_url, key, MODEL, args.level, args.chunks))
+            bursts += 1
+        spy.wait()
+        chunks = bursts * args.level * args.chunks
+        groups = summarize(raw, chunks)
+
+    print(f"{bursts} bursts of {args.level} streams x {args.chunks} chunks; ms per chunk by stage:")
+    for group, stages in groups.items():
+        busy = sum(stages.values())
+        print(f"  {group}: {busy:.3f} ms per chunk")
+        for stage, ms in stages.items():
+            print(f"    {ms:6.3f} ms  {100 * ms / busy:4.1f} %  {stage}")
+    result = {
+        "command": shlex.join(["python", "-m", "bench.upstream_profile", *sys.argv[1:]]),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "cpu_count": os.cpu_count(),
+        "loadavg_end": os.getloadavg(),
+        "settings": {"level": args.level, "chunks": args.chunks, "seconds": args.seconds, "bursts": bursts},
+        "ms_per_chunk": {
+            group: {stage: round(ms, 4) for stage, ms in stages.items()} for group, stages in groups.items()
+        },
+    }
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"results written to {args.results}")
+
+
+if __name__ == "__main__":
+    main()
