@@ -116,6 +116,23 @@ def measure(way: str, target: tuple[str, str, str], pids: dict[str, int], arriva
     return figures
 
 
+def start_lockstep_server(stack: contextlib.ExitStack, scratch: Path, chunks: int, gap_s: float):
+    """The scripted server (stopped with `stack`): its process, URL, arrivals log, and the
+    CHAT_UPSTREAMS environment of a chatsite in front of it."""
+    arrivals = scratch / "arrivals.jsonl"
+    arrivals.touch()
+    port = free_port()
+    serve = ["bench.lockstep_server", str(port), str(arrivals), str(chunks), str(gap_s)]
+    server = subprocess.Popen([sys.executable, "-m", *serve], cwd=ROOT)
+    stack.callback(stop_process, server)
+    server_url = f"http://127.0.0.1:{port}"
+    wait_until_answering(
+        server, f"{server_url}/v1/models", time.monotonic() + 30, name="lockstep server", log=lambda: ""
+    )
+    upstream = {"model": MODEL, "base_url": f"{server_url}/v1", "upstream_model": MODEL, "max_concurrent": 64}
+    return server, server_url, arrivals, {"CHAT_UPSTREAMS": json.dumps([upstream])}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", help="a revision to measure too, in the same run")
@@ -128,17 +145,7 @@ def main() -> None:
 
     with contextlib.ExitStack() as stack:
         scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="chatsite-upstream-cost-")))
-        arrivals = scratch / "arrivals.jsonl"
-        arrivals.touch()
-        port = free_port()
-        serve = ["bench.lockstep_server", str(port), str(arrivals), str(args.chunks), str(args.gap_ms / 1000)]
-        server = subprocess.Popen([sys.executable, "-m", *serve], cwd=ROOT)
-        stack.callback(stop_process, server)
-        server_url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        wait_until_answering(server, f"{server_url}/v1/models", deadline, name="lockstep server", log=lambda: "")
-        upstream = {"model": MODEL, "base_url": f"{server_url}/v1", "upstream_model": MODEL, "max_concurrent": 64}
-        env = {"CHAT_UPSTREAMS": json.dumps([upstream])}
+        server, server_url, arrivals, env = start_lockstep_server(stack, scratch, args.chunks, args.gap_ms / 1000)
 
         roots = {"chatsite": ROOT}
         if args.before:

@@ -29,9 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.upstream_cost import MODEL, burst
-from tests.livesite import ROOT, LiveSite, free_port, stop_process, unlimited_api_key
-from tests.upstreams import wait_until_answering
+from bench.upstream_cost import MODEL, burst, start_lockstep_server
+from tests.livesite import ROOT, LiveSite, unlimited_api_key
 
 RESULTS = ROOT / "bench" / "results" / "upstream_profile.json"
 RATE = 200  # samples a second
@@ -87,16 +86,9 @@ def main() -> None:
 
     with contextlib.ExitStack() as stack:
         scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="chatsite-upstream-profile-")))
-        arrivals, raw = scratch / "arrivals.jsonl", scratch / "profile.txt"
-        arrivals.touch()
-        port = free_port()
-        serve = ["bench.lockstep_server", str(port), str(arrivals), str(args.chunks), "0.02"]
-        server = subprocess.Popen([sys.executable, "-m", *serve], cwd=ROOT)
-        stack.callback(stop_process, server)
-        server_url = f"http://127.0.0.1:{port}"
-        wait_until_answering(server, f"{server_url}/v1/models", time.monotonic() + 30, name="lockstep", log=lambda: "")
-        upstream = {"model": MODEL, "base_url": f"{server_url}/v1", "upstream_model": MODEL, "max_concurrent": 64}
-        site = stack.enter_context(LiveSite(env={"CHAT_UPSTREAMS": json.dumps([upstream])}))
+        raw = scratch / "profile.txt"
+        _, _, _, env = start_lockstep_server(stack, scratch, args.chunks, 0.02)
+        site = stack.enter_context(LiveSite(env=env))
         assert site.process is not None
         key = unlimited_api_key(site)
         asyncio.run(burst(site.base_url, key, MODEL, args.level, args.chunks))  # warm-up
