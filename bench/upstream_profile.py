@@ -1,7 +1,7 @@
 """Where chatsite's web process spends its time streaming a model server's answers.
 
     python -m bench.upstream_profile [--level 8] [--chunks 64] [--seconds 30] [--py-spy PATH]
-        [--results bench/results/upstream_profile.json]
+        [--raw PATH] [--results bench/results/upstream_profile.json]
 
 bench.upstream_cost says how much CPU chatsite takes per chunk; this says on what. The
 scripted server of that bench (bench.lockstep_server) serves bursts of --level streams
@@ -11,6 +11,8 @@ the stages of a chunk's way by the first matching frame of their stack; waits (t
 loop's select, idle pool threads) are left out. Prints, per stage, the share of the
 event loop thread's busy samples and its milliseconds per chunk, then the same for the
 other threads together (the database threads: each request's admission and ledger).
+With --raw, py-spy's stacks are kept there (one line per stack and its count) for a
+closer look than by stage.
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=64)
     parser.add_argument("--seconds", type=int, default=30)
     parser.add_argument("--py-spy", default=shutil.which("py-spy"), help="the py-spy executable")
+    parser.add_argument("--raw", type=Path, help="keep py-spy's raw stacks in this file")
     parser.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args()
     if not args.py_spy:
@@ -105,6 +108,8 @@ def main() -> None:
         spy.wait()
         chunks = bursts * args.level * args.chunks
         groups = summarize(raw, chunks)
+        if args.raw:
+            shutil.copyfile(raw, args.raw)
 
     print(f"{bursts} bursts of {args.level} streams x {args.chunks} chunks; ms per chunk by stage:")
     for group, stages in groups.items():

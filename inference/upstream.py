@@ -829,6 +829,9 @@ class UpstreamPool:
                         healthy = response.status < 500
                 except (aiohttp.ClientError, TimeoutError):
                     healthy = False
+                except Exception:  # anything else must not end the checks, freezing every state
+                    logger.exception("Health check of upstream %s failed", endpoint.name)
+                    healthy = False
                 with self._lock:
                     if state.healthy != healthy:
                         logger.warning("Upstream %s is %s", endpoint.name, "up" if healthy else "down")

@@ -28,7 +28,7 @@ from inference.upstream import (
     estimate_prompt_tokens,
     openai_tool_call_deltas,
 )
-from tests.conftest import wait_for_terminal
+from tests.conftest import wait_for_terminal, wait_until
 from tests.generation.test_api import CHAT, assert_error, post
 from tests.upstreams import ScriptedServer, event_stream
 
@@ -321,6 +321,33 @@ def test_a_netrc_entry_for_the_model_server_neither_replaces_nor_clashes_with_it
 
     assert events[-1].type == "done"
     assert {headers["Authorization"] for _, _, headers in upstream.requests} == {"Bearer sk-upstream"}
+
+
+def test_a_health_check_that_fails_unexpectedly_logs_it_and_the_checks_go_on(monkeypatch, caplog):
+    headers = upstream_module.Endpoint.headers
+    failures = []
+
+    def fails_once(endpoint):
+        if not failures:
+            failures.append(endpoint.name)
+            raise RuntimeError("not a network error")
+        return headers.fget(endpoint)
+
+    monkeypatch.setattr(upstream_module.Endpoint, "headers", property(fails_once))
+
+    async def model_server(request: web.Request) -> web.Response:
+        return event_stream([chunk_of("Hi", "stop")])
+
+    pool = UpstreamPool(InMemoryStreamStore(), health_interval_s=0.05)
+    with ScriptedServer(model_server) as upstream:
+        pool.configure([endpoint_from_json({**ENDPOINT, "base_url": upstream.base_url}, "e")])
+        pool.submit(Job("s1", CHAT["messages"]), model="remote", prompt_tokens=1, body={"messages": CHAT["messages"]})
+        wait_until(lambda: sum(path == "/v1/models" for _, path, _ in upstream.requests) >= 2, timeout=10)
+        state = pool.snapshots()[0]["state"]
+        pool.shut_down(1)
+
+    assert failures == ["e"] and "Health check of upstream e failed" in caplog.text
+    assert state == "up"  # the next check found it answering
 
 
 @pytest.mark.parametrize(
