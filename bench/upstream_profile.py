@@ -1,7 +1,7 @@
 """Where chatsite's web process spends its time streaming a model server's answers.
 
     python -m bench.upstream_profile [--level 8] [--chunks 64] [--seconds 30] [--py-spy PATH]
-        [--raw PATH] [--results bench/results/upstream_profile.json]
+        [--gil] [--raw PATH] [--results bench/results/upstream_profile.json]
 
 bench.upstream_cost says how much CPU chatsite takes per chunk; this says on what. The
 scripted server of that bench (bench.lockstep_server) serves bursts of --level streams
@@ -11,7 +11,9 @@ the stages of a chunk's way by the first matching frame of their stack; waits (t
 loop's select, idle pool threads) are left out. Prints, per stage, the share of the
 event loop thread's busy samples and its milliseconds per chunk, then the same for the
 other threads together (the database threads: each request's admission and ledger).
-With --raw, py-spy's stacks are kept there (one line per stack and its count) for a
+With --gil, only samples of the thread holding the GIL count (a thread waiting for it, as
+after each SQLite call or socket write, would otherwise look busy where it waits). With
+--raw, py-spy's stacks are kept there (one line per stack and its count) for a
 closer look than by stage.
 """
 
@@ -81,6 +83,7 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=64)
     parser.add_argument("--seconds", type=int, default=30)
     parser.add_argument("--py-spy", default=shutil.which("py-spy"), help="the py-spy executable")
+    parser.add_argument("--gil", action="store_true", help="only the thread holding the GIL")
     parser.add_argument("--raw", type=Path, help="keep py-spy's raw stacks in this file")
     parser.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -97,7 +100,7 @@ def main() -> None:
         asyncio.run(burst(site.base_url, key, MODEL, args.level, args.chunks))  # warm-up
         record = [args.py_spy, "record", "--pid", str(site.process.pid), "-d", str(args.seconds), "-r", str(RATE)]
         spy = subprocess.Popen(
-            [*record, "--threads", "--idle", "-f", "raw", "-o", str(raw)],
+            [*record, "--threads", "--idle", *(["--gil"] if args.gil else []), "-f", "raw", "-o", str(raw)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -122,7 +125,13 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "cpu_count": os.cpu_count(),
         "loadavg_end": os.getloadavg(),
-        "settings": {"level": args.level, "chunks": args.chunks, "seconds": args.seconds, "bursts": bursts},
+        "settings": {
+            "level": args.level,
+            "chunks": args.chunks,
+            "seconds": args.seconds,
+            "gil": args.gil,
+            "bursts": bursts,
+        },
         "ms_per_chunk": {
             group: {stage: round(ms, 4) for stage, ms in stages.items()} for group, stages in groups.items()
         },

@@ -16,7 +16,9 @@ callbacks first, so that readers, resume, Stop and the ledger never know where i
   open an endpoint's circuit for `open_s`; then one request probes it (half-open). A 500
   fails over too but opens no circuit: it answers for one request, not for the server.
 - Health: every `health_interval_s` each endpoint's `/models` is asked; one that does
-  not answer is skipped until it does.
+  not answer is skipped until it does. A check that times out while the server keeps
+  streaming answers finds it busy, not down: a server that serves one request at a time
+  (llama.cpp) makes the check wait behind the answer it is writing.
 - Stop: one look at the store's cancel flags every `cancel_poll_s` for all running
   generations; a cancelled one closes its HTTP request, so the server aborts it.
 
@@ -192,6 +194,7 @@ class EndpointState:
     requests: int = 0
     errors: int = 0
     ttft_s: float | None = None  # moving average of the time to first token
+    heard_at: float = -math.inf  # when it last sent a chunk (time.monotonic())
 
     @property
     def state(self) -> str:
@@ -292,6 +295,7 @@ class UpstreamPool:
         self._runs: dict[str, _Run] = {}  # running or waiting, by stream id
         self._stopping = False  # shut_down(): new requests are refused
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None  # the loop's, when the pool runs its own
         self._serving = False  # its loop runs its session, waiting room and background tasks
         self._client: aiohttp.ClientSession | None = None
         self._room: asyncio.Condition | None = None
@@ -375,7 +379,9 @@ class UpstreamPool:
 
     def shut_down(self, grace_s: float) -> None:
         """As Engine.shut_down: refuse new requests; let those under way finish for up to
-        `grace_s` seconds; close the rest as interrupted, their text kept; wait for the saves."""
+        `grace_s` seconds; close the rest as interrupted, their text kept; wait for the saves.
+        Then its health checks, heartbeat and connections end: a stopped pool asks nothing
+        of its servers, and beats for no one."""
         with self._lock:
             self._stopping = True
         deadline = time.monotonic() + grace_s
@@ -391,6 +397,30 @@ class UpstreamPool:
         while self._runs and time.monotonic() < deadline:
             time.sleep(0.05)
         self._finisher.shutdown(wait=True)
+        self._end_serving()
+
+    def _end_serving(self) -> None:
+        with self._lock:
+            loop, serving, self._serving = self._loop, self._serving, False
+        if loop is None or not serving or not loop.is_running():
+            return
+        with contextlib.suppress(RuntimeError):
+            if asyncio.get_running_loop() is loop:  # called on the loop itself: it cannot wait
+                loop.create_task(self._close())
+                return
+        with contextlib.suppress(Exception):  # a loop that stops meanwhile closes nothing more
+            asyncio.run_coroutine_threadsafe(self._close(), loop).result(timeout=5)
+        if self._thread is not None:  # the pool's own loop and thread end too
+            loop.call_soon_threadsafe(loop.stop)
+            self._thread.join(timeout=5)
+
+    async def _close(self) -> None:
+        for task in self._background:
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        self._background = []
+        if self._client is not None:
+            await self._client.close()
 
     def _cancel(self, run: _Run) -> None:
         """On the loop: stop a run (one not begun yet stops as it begins)."""
@@ -416,8 +446,10 @@ class UpstreamPool:
         with self._lock:
             if self._loop is None:
                 ready = threading.Event()
-                thread = threading.Thread(target=self._serve, args=(ready,), name="chatsite-upstream", daemon=True)
-                thread.start()
+                self._thread = threading.Thread(
+                    target=self._serve, args=(ready,), name="chatsite-upstream", daemon=True
+                )
+                self._thread.start()
                 ready.wait()
             elif not self._serving:
                 self._loop.call_soon_threadsafe(self._begin_serving)  # before the request that follows
@@ -591,12 +623,14 @@ class UpstreamPool:
                         raise await self._refusal(response, run)
                     chunks = _chunks(response)
                     async for chunk in chunks:
+                        state.heard_at = time.monotonic()
                         if self._take(run, chunk, chat):
                             break  # the first token: from now on only the read timeout applies
                     first_token.reschedule(None)
                 self._note_success(state, time.monotonic() - started)
                 if not run.capped():
                     async for chunk in chunks:
+                        state.heard_at = time.monotonic()
                         self._take(run, chunk, chat)
                         if run.capped():
                             break
@@ -817,6 +851,7 @@ class UpstreamPool:
                 endpoint = state.endpoint
                 url = endpoint.url("models")
                 timeout = aiohttp.ClientTimeout(total=endpoint.connect_timeout_s)
+                asked_at = time.monotonic()
                 try:
                     async with self._client.get(
                         url,
@@ -827,7 +862,11 @@ class UpstreamPool:
                     ) as response:
                         await response.read()  # all of it: the connection goes back to the pool
                         healthy = response.status < 500
-                except (aiohttp.ClientError, TimeoutError):
+                except TimeoutError:
+                    # Streaming meanwhile, it is busy, not down: llama.cpp, say, answers the
+                    # check only after the answer it is writing.
+                    healthy = state.heard_at > asked_at
+                except aiohttp.ClientError:
                     healthy = False
                 except Exception:  # anything else must not end the checks, freezing every state
                     logger.exception("Health check of upstream %s failed", endpoint.name)

@@ -23,7 +23,9 @@ import httpx
 import openai
 import pytest
 
-from inference.upstream import estimate_prompt_tokens
+from inference.engine import Job
+from inference.streams import InMemoryStreamStore
+from inference.upstream import UpstreamPool, endpoint_from_json, estimate_prompt_tokens
 from tests.livesite import LiveSite, unlimited_api_key
 from tests.upstreams import LlamaCppServer, SilentServer, TransformersServe
 
@@ -472,3 +474,28 @@ def test_requests_a_model_server_cannot_parse_fail_alone_and_open_no_circuit(lla
     assert [response.status_code for response in refused] == [502] * 5, refused[-1].text
     assert refused[-1].json()["error"]["code"] == "upstream_error"
     assert served.choices[0].message.content and served.usage.completion_tokens == 4
+
+
+def test_a_model_server_busy_writing_an_answer_is_not_marked_down_by_its_health_checks(llama_cpp):
+    """llama.cpp serves one request at a time: a health check waits behind the answer being
+    written and times out. The endpoint stays up, so the next request waits its turn
+    instead of being refused for want of an endpoint."""
+    store = InMemoryStreamStore()
+    pool = UpstreamPool(store, health_interval_s=0.2)
+    endpoint = endpoint_from_json(llama_cpp.endpoint(connect_timeout_s=0.3), "llama")
+    pool.configure([endpoint])
+    ask = [{"role": "user", "content": "Count from 1 to 1000, one number per line."}]
+    body = {"messages": ask, "max_tokens": 1500, "temperature": 0}
+    try:
+        pool.submit(Job("long", ask), model=endpoint.model, prompt_tokens=1, body=body)
+        states, started = set(), time.monotonic()
+        while not (events := store.events("long")) or not events[-1].terminal:
+            states.add(pool.snapshots()[0]["state"])
+            time.sleep(0.05)
+        streamed_s = time.monotonic() - started
+    finally:
+        pool.shut_down(1)
+
+    assert events[-1].type == "done"
+    assert streamed_s > 1.5  # several checks timed out behind the answer
+    assert states == {"up"}

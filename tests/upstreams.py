@@ -292,13 +292,15 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 class ScriptedServer:
     """`with ScriptedServer(handler) as upstream:` a real HTTP server (aiohttp's) on a free
-    loopback port and a loop of its own, that lists one model, `m`, at /v1/models and
-    answers every other request with `handler`, a coroutine that takes aiohttp's request.
+    loopback port and a loop of its own, that lists one model, `m`, at /v1/models (or
+    answers it with `models`) and answers every other request with `handler`, a coroutine
+    that takes aiohttp's request.
     `loop` is the server's loop, for a test to set its handler's events from outside;
     `requests` the method, path and headers of each request it received."""
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler, *, models: Handler | None = None) -> None:
         self.handler = handler
+        self.models = models or self._models
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self.loop = asyncio.new_event_loop()
         self._runner: web.AppRunner | None = None
@@ -319,7 +321,7 @@ class ScriptedServer:
 
     async def _start(self) -> None:
         app = web.Application(middlewares=[self._record])
-        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/v1/models", self.models)
         app.router.add_route("*", "/{path:.*}", self.handler)
         self._runner = web.AppRunner(app, handle_signals=False)
         await self._runner.setup()

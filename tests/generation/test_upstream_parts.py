@@ -270,6 +270,26 @@ def test_generations_one_after_another_go_over_one_kept_connection():
     assert len(peers) == 4 and len(set(peers)) <= 2
 
 
+def test_a_pool_shut_down_stops_its_checks_its_connections_and_its_thread():
+    async def model_server(request: web.Request) -> web.Response:
+        return event_stream([chunk_of("Hi", "stop")])
+
+    store = InMemoryStreamStore()
+    pool = UpstreamPool(store, health_interval_s=0.05)
+    with ScriptedServer(model_server) as upstream:
+        pool.configure([endpoint_from_json({**ENDPOINT, "base_url": upstream.base_url}, "e")])
+        pool.submit(Job("s1", CHAT["messages"]), model="remote", prompt_tokens=1, body={"messages": CHAT["messages"]})
+        wait_for_terminal(store, "s1", timeout=10)
+        pool.shut_down(1)
+        asked = len(upstream.requests)
+        time.sleep(0.2)  # four health intervals
+
+    assert len(upstream.requests) == asked  # no more checks
+    assert pool._client is not None and pool._client.closed
+    assert pool._thread is not None and not pool._thread.is_alive()
+    pool.shut_down(1)  # again: nothing left to do
+
+
 def test_an_endpoints_api_key_goes_with_its_generations_and_health_checks_and_nowhere_else():
     async def model_server(request: web.Request) -> web.Response:
         return event_stream([chunk_of("Hi", "stop")])
@@ -350,6 +370,56 @@ def test_a_health_check_that_fails_unexpectedly_logs_it_and_the_checks_go_on(mon
     assert state == "up"  # the next check found it answering
 
 
+@pytest.mark.parametrize("streaming, state", [(True, "up"), (False, "down")])
+def test_a_health_check_that_times_out_while_the_server_streams_finds_it_busy_not_down(streaming, state):
+    # As llama.cpp does: the list of models waits until the answer being written is done.
+    writing = asyncio.Event()
+    stop_writing = asyncio.Event()
+
+    async def models(request: web.Request) -> web.Response:
+        await asyncio.sleep(0)
+        while writing.is_set():
+            await asyncio.sleep(0.01)
+        return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
+
+    async def model_server(request: web.Request) -> web.StreamResponse:
+        writing.set()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        try:
+            while not stop_writing.is_set():
+                if streaming:
+                    await response.write(f"data: {json.dumps(chunk_of('word '))}\n\n".encode())
+                await asyncio.sleep(0.05)
+            await response.write(f"data: {json.dumps(chunk_of('.', 'stop'))}\n\ndata: [DONE]\n\n".encode())
+        finally:
+            writing.clear()
+        return response
+
+    store = InMemoryStreamStore()
+    pool = UpstreamPool(store, health_interval_s=0.1)
+    with ScriptedServer(model_server, models=models) as upstream:
+        endpoint = {**ENDPOINT, "base_url": upstream.base_url, "connect_timeout_s": 0.3}
+        pool.configure([endpoint_from_json(endpoint, "e")])
+        pool.submit(Job("s1", CHAT["messages"]), model="remote", prompt_tokens=1, body={"messages": CHAT["messages"]})
+        try:
+            wait_until(lambda: writing.is_set(), timeout=10)
+            checks = lambda: sum(path == "/v1/models" for _, path, _ in upstream.requests)  # noqa: E731
+            asked = checks()
+            wait_until(lambda: checks() >= asked + 2, timeout=10)  # one check has timed out
+            states = set()
+            while checks() < asked + 4:  # two more, each waiting for the answer in vain
+                states.add(pool.snapshots()[0]["state"])
+                time.sleep(0.02)
+            upstream.loop.call_soon_threadsafe(stop_writing.set)
+            events = wait_for_terminal(store, "s1", timeout=10)
+        finally:
+            pool.shut_down(1)
+
+    assert states == {state}
+    assert events[-1].type == "done"
+
+
 @pytest.mark.parametrize(
     "chunk, says",
     [
@@ -417,10 +487,8 @@ async def test_a_pool_on_its_readers_loop_streams_there_without_a_thread_of_its_
         await asyncio.to_thread(pool.submit, job, model="remote", prompt_tokens=1, body={"messages": CHAT["messages"]})
         events = [event async for batch in store.read("s1") for event in batch]
         await asyncio.to_thread(pool.shut_down, 1)
-        for task in pool._background:
-            task.cancel()
-        assert pool._client is not None
-        await pool._client.close()
+        client = pool._client
+        assert client is not None and client.closed and not pool._background  # nothing left behind
 
     assert [e.data["delta"] for e in events if e.type == "token"] == ["Hi", " there"]
     assert events[-1].type == "done"
