@@ -236,6 +236,11 @@ def chunk_of(text: str, finish_reason: str | None = None) -> dict[str, object]:
     return {"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish_reason}]}
 
 
+def health_checks(upstream: ScriptedServer) -> int:
+    """How many times the server was asked for its models: the pool's health checks."""
+    return sum(path == "/v1/models" for _, path, _ in upstream.requests)
+
+
 def run_on_pool(upstream: ScriptedServer, *names: str, **endpoint_fields: object) -> list[list[StreamEvent]]:
     """Each of `names` generated on a new pool, one after the other, to its terminal event."""
     store = InMemoryStreamStore()
@@ -362,7 +367,7 @@ def test_a_health_check_that_fails_unexpectedly_logs_it_and_the_checks_go_on(mon
     with ScriptedServer(model_server) as upstream:
         pool.configure([endpoint_from_json({**ENDPOINT, "base_url": upstream.base_url}, "e")])
         pool.submit(Job("s1", CHAT["messages"]), model="remote", prompt_tokens=1, body={"messages": CHAT["messages"]})
-        wait_until(lambda: sum(path == "/v1/models" for _, path, _ in upstream.requests) >= 2, timeout=10)
+        wait_until(lambda: health_checks(upstream) >= 2, timeout=10)
         state = pool.snapshots()[0]["state"]
         pool.shut_down(1)
 
@@ -403,12 +408,11 @@ def test_a_health_check_that_times_out_while_the_server_streams_finds_it_busy_no
         pool.configure([endpoint_from_json(endpoint, "e")])
         pool.submit(Job("s1", CHAT["messages"]), model="remote", prompt_tokens=1, body={"messages": CHAT["messages"]})
         try:
-            wait_until(lambda: writing.is_set(), timeout=10)
-            checks = lambda: sum(path == "/v1/models" for _, path, _ in upstream.requests)  # noqa: E731
-            asked = checks()
-            wait_until(lambda: checks() >= asked + 2, timeout=10)  # one check has timed out
+            wait_until(writing.is_set, timeout=10)
+            asked = health_checks(upstream)
+            wait_until(lambda: health_checks(upstream) >= asked + 2, timeout=10)  # one has timed out
             states = set()
-            while checks() < asked + 4:  # two more, each waiting for the answer in vain
+            while health_checks(upstream) < asked + 4:  # two more, each waiting for the answer in vain
                 states.add(pool.snapshots()[0]["state"])
                 time.sleep(0.02)
             upstream.loop.call_soon_threadsafe(stop_writing.set)
