@@ -194,7 +194,6 @@ class EndpointState:
     requests: int = 0
     errors: int = 0
     ttft_s: float | None = None  # moving average of the time to first token
-    heard_at: float = -math.inf  # when it last sent a chunk (time.monotonic())
 
     @property
     def state(self) -> str:
@@ -623,14 +622,12 @@ class UpstreamPool:
                         raise await self._refusal(response, run)
                     chunks = _chunks(response)
                     async for chunk in chunks:
-                        state.heard_at = time.monotonic()
                         if self._take(run, chunk, chat):
                             break  # the first token: from now on only the read timeout applies
                     first_token.reschedule(None)
                 self._note_success(state, time.monotonic() - started)
                 if not run.capped():
                     async for chunk in chunks:
-                        state.heard_at = time.monotonic()
                         self._take(run, chunk, chat)
                         if run.capped():
                             break
@@ -851,7 +848,6 @@ class UpstreamPool:
                 endpoint = state.endpoint
                 url = endpoint.url("models")
                 timeout = aiohttp.ClientTimeout(total=endpoint.connect_timeout_s)
-                asked_at = time.monotonic()
                 try:
                     async with self._client.get(
                         url,
@@ -863,9 +859,11 @@ class UpstreamPool:
                         await response.read()  # all of it: the connection goes back to the pool
                         healthy = response.status < 500
                 except TimeoutError:
-                    # Streaming meanwhile, it is busy, not down: llama.cpp, say, answers the
-                    # check only after the answer it is writing.
-                    healthy = state.heard_at > asked_at
+                    # With requests in flight the check proves nothing: a server that serves
+                    # one request at a time (llama.cpp, say) answers it only after the answer
+                    # it is reading a long prompt for or writing. Those requests' own timeouts
+                    # and the circuit judge it meanwhile; an idle server that is silent is down.
+                    healthy = state.healthy if state.outstanding else False
                 except aiohttp.ClientError:
                     healthy = False
                 except Exception:  # anything else must not end the checks, freezing every state
@@ -912,6 +910,7 @@ def _session() -> aiohttp.ClientSession:
 async def _chunks(response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
     """The JSON chunks of an OpenAI-style event stream, until `data: [DONE]`."""
     lines = response.content
+    sent_data = False
     while True:
         try:
             line = await lines.readline(max_line_length=MAX_LINE_BYTES)
@@ -921,10 +920,14 @@ async def _chunks(response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, A
                 f"The model server sent a line over {MAX_LINE_BYTES} bytes.", opens_circuit=False
             ) from None
         if not line:
-            return  # the body ended without [DONE]: what came is the answer
+            if sent_data:
+                return  # the body ended without [DONE]: what came is the answer
+            # Not even an empty answer: llama.cpp's Python server, say, ends a stream so
+            # when the prompt is longer than its context. This request's fault, like a 500.
+            raise UpstreamFailed("The model server ended the answer without sending any of it.", opens_circuit=False)
         if not line.startswith(b"data:"):
             continue  # comments, ids, blank lines
-        data = line[5:].strip()
+        data, sent_data = line[5:].strip(), True
         if data == b"[DONE]":
             return
         try:

@@ -266,15 +266,18 @@ def test_with_one_endpoint_killed_under_load_new_requests_go_to_the_other_and_no
 
 def test_per_endpoint_caps_start_eight_streams_on_two_endpoints_and_queue_them_on_one(upstream, second_upstream):
     first, second = upstream, second_upstream
-    body = {"model": "remote", "messages": CHAT, "max_tokens": 60}
+    # Long answers, each held open until all eight have started or been queued: a stream that
+    # ended (or was closed) early would free its place and let a later one in without waiting.
+    body = {"model": "remote", "messages": CHAT, "max_tokens": 2000}
 
-    def first_lines(start: threading.Barrier, site: LiveSite, key: str) -> list[str]:
+    def opening(start: threading.Barrier, decided: threading.Barrier, site: LiveSite, key: str) -> list[str]:
         start.wait()
-        lines = []
-        for line in raw_stream(site, key, body):
+        lines, stream = [], raw_stream(site, key, body)  # named, so that it stays open after the loop
+        for line in stream:
             lines.append(line)
-            if re.search(r'"content":"[^"]', line):  # its first token: it is not waiting any more
-                return lines
+            if line.startswith(": queued") or re.search(r'"content":"[^"]', line):  # queued, or its first token
+                break
+        decided.wait(timeout=60)
         return lines
 
     for endpoints, queued in (
@@ -282,13 +285,13 @@ def test_per_endpoint_caps_start_eight_streams_on_two_endpoints_and_queue_them_o
         ([first.endpoint(max_concurrent=4)], 4),
     ):
         with front(*endpoints) as (site, client), ThreadPoolExecutor(8) as pool:
-            start = threading.Barrier(8)  # all eight at once
-            openings = list(pool.map(first_lines, [start] * 8, [site] * 8, [client.api_key] * 8))
-        waited = [lines for lines in openings if any(line.startswith(": queued") for line in lines)]
+            start, decided = threading.Barrier(8), threading.Barrier(8)  # all eight at once, all eight open
+            openings = list(pool.map(opening, [start] * 8, [decided] * 8, [site] * 8, [client.api_key] * 8))
+        waited = [lines for lines in openings if lines[-1].startswith(": queued")]
         assert len(waited) == queued, openings
         if queued:
-            comments = [next(line for line in lines if line.startswith(": queued")) for lines in waited]
-            assert sorted(int(re.search(r"(\d+) ahead", comment).group(1)) for comment in comments) == [0, 1, 2, 3]
+            ahead = sorted(int(re.search(r"(\d+) ahead", lines[-1]).group(1)) for lines in waited)
+            assert ahead == [0, 1, 2, 3]
 
 
 @pytest.fixture(scope="module")
@@ -462,40 +465,56 @@ def test_json_modes_and_logprobs_pass_through_to_a_model_server(llama_cpp):
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "tools"
 
 
-def test_requests_a_model_server_cannot_parse_fail_alone_and_open_no_circuit(llama_cpp):
-    """llama.cpp answers a tool it cannot read with a 500: that user's request fails, but
-    the endpoint's circuit stays closed, so that nobody else is refused for it."""
+def test_requests_a_model_server_cannot_take_fail_alone_and_open_no_circuit(llama_cpp):
+    """llama.cpp answers a tool it cannot read with a 500, and a prompt longer than its
+    context with a stream that ends before a word: that user's request fails (an empty
+    answer would pass for a complete one), but the endpoint's circuit stays closed, so that
+    nobody else is refused for it."""
     with front(llama_cpp.endpoint()) as (site, client):
         bad = {"model": "smol-tools", "messages": ASK_WEATHER, "tools": [{"type": "function"}], "max_tokens": 4}
+        # Longer than the server's context: its stream ends before a word, not even [DONE].
+        too_long = {"model": "smol-tools", "messages": [{"role": "user", "content": "1 2 3 " * 1000}], "stream": True}
         headers = {"Authorization": f"Bearer {client.api_key}"}
-        refused = [httpx.post(f"{site.base_url}/v1/chat/completions", json=bad, headers=headers) for _ in range(5)]
+        refused = [httpx.post(f"{site.base_url}/v1/chat/completions", json=bad, headers=headers) for _ in range(3)]
+        with httpx.stream("POST", f"{site.base_url}/v1/chat/completions", json=too_long, headers=headers) as response:
+            failed = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+        refused += [httpx.post(f"{site.base_url}/v1/chat/completions", json=bad, headers=headers) for _ in range(2)]
         served = client.chat.completions.create(model="smol-tools", messages=ASK_WEATHER, max_tokens=4, temperature=0)
 
     assert [response.status_code for response in refused] == [502] * 5, refused[-1].text
     assert refused[-1].json()["error"]["code"] == "upstream_error"
+    assert failed[-1]["error"]["message"] == "The model server ended the answer without sending any of it."
     assert served.choices[0].message.content and served.usage.completion_tokens == 4
 
 
-def test_a_model_server_busy_writing_an_answer_is_not_marked_down_by_its_health_checks(llama_cpp):
-    """llama.cpp serves one request at a time: a health check waits behind the answer being
-    written and times out. The endpoint stays up, so the next request waits its turn
-    instead of being refused for want of an endpoint."""
+LONG_ANSWER = [{"role": "user", "content": "Count from 1 to 1000, one number per line."}]
+# About 1,500 tokens of prompt (2,048 fit): llama.cpp reads it for a second or more here, saying nothing.
+LONG_PROMPT = [{"role": "user", "content": " ".join(map(str, range(400))) + "\nWhich number comes last?"}]
+
+
+@pytest.mark.parametrize(
+    "ask, max_tokens", [(LONG_ANSWER, 1500), (LONG_PROMPT, 8)], ids=["writing-a-long-answer", "reading-a-long-prompt"]
+)
+def test_a_model_server_busy_with_a_request_is_not_marked_down_by_its_health_checks(llama_cpp, ask, max_tokens):
+    """llama.cpp serves one request at a time: a health check waits behind the request in
+    hand, its long answer being written or its long prompt being read, and times out. The
+    endpoint stays up, so the next request waits its turn instead of being refused for want
+    of an endpoint."""
     store = InMemoryStreamStore()
     pool = UpstreamPool(store, health_interval_s=0.2)
     endpoint = endpoint_from_json(llama_cpp.endpoint(connect_timeout_s=0.3), "llama")
     pool.configure([endpoint])
-    ask = [{"role": "user", "content": "Count from 1 to 1000, one number per line."}]
-    body = {"messages": ask, "max_tokens": 1500, "temperature": 0}
+    body = {"messages": ask, "max_tokens": max_tokens, "temperature": 0}
     try:
         pool.submit(Job("long", ask), model=endpoint.model, prompt_tokens=1, body=body)
         states, started = set(), time.monotonic()
         while not (events := store.events("long")) or not events[-1].terminal:
             states.add(pool.snapshots()[0]["state"])
             time.sleep(0.05)
-        streamed_s = time.monotonic() - started
+        took_s = time.monotonic() - started
     finally:
         pool.shut_down(1)
 
     assert events[-1].type == "done"
-    assert streamed_s > 1.5  # several checks timed out behind the answer
+    assert took_s > 1.0, took_s  # several checks timed out behind it
     assert states == {"up"}

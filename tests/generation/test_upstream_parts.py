@@ -375,30 +375,32 @@ def test_a_health_check_that_fails_unexpectedly_logs_it_and_the_checks_go_on(mon
     assert state == "up"  # the next check found it answering
 
 
-@pytest.mark.parametrize("streaming, state", [(True, "up"), (False, "down")])
-def test_a_health_check_that_times_out_while_the_server_streams_finds_it_busy_not_down(streaming, state):
-    # As llama.cpp does: the list of models waits until the answer being written is done.
-    writing = asyncio.Event()
-    stop_writing = asyncio.Event()
+@pytest.mark.parametrize("streaming", [True, False], ids=["writing", "reading-a-long-prompt"])
+def test_a_health_check_that_times_out_while_the_server_works_on_a_request_finds_it_busy_not_down(streaming):
+    # As llama.cpp does: the list of models waits until the request in hand is answered,
+    # whether its answer is being written or its long prompt is still being read (silent).
+    working = asyncio.Event()
+    stop_working = asyncio.Event()
+    hung = asyncio.Event()  # later: silent with nothing to do
 
     async def models(request: web.Request) -> web.Response:
         await asyncio.sleep(0)
-        while writing.is_set():
+        while working.is_set() or hung.is_set():
             await asyncio.sleep(0.01)
         return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
 
     async def model_server(request: web.Request) -> web.StreamResponse:
-        writing.set()
+        working.set()
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         try:
-            while not stop_writing.is_set():
+            while not stop_working.is_set():
                 if streaming:
                     await response.write(f"data: {json.dumps(chunk_of('word '))}\n\n".encode())
                 await asyncio.sleep(0.05)
             await response.write(f"data: {json.dumps(chunk_of('.', 'stop'))}\n\ndata: [DONE]\n\n".encode())
         finally:
-            writing.clear()
+            working.clear()
         return response
 
     store = InMemoryStreamStore()
@@ -408,19 +410,21 @@ def test_a_health_check_that_times_out_while_the_server_streams_finds_it_busy_no
         pool.configure([endpoint_from_json(endpoint, "e")])
         pool.submit(Job("s1", CHAT["messages"]), model="remote", prompt_tokens=1, body={"messages": CHAT["messages"]})
         try:
-            wait_until(writing.is_set, timeout=10)
+            wait_until(working.is_set, timeout=10)
             asked = health_checks(upstream)
-            wait_until(lambda: health_checks(upstream) >= asked + 2, timeout=10)  # one has timed out
             states = set()
-            while health_checks(upstream) < asked + 4:  # two more, each waiting for the answer in vain
+            while health_checks(upstream) < asked + 4:  # three timed out, waiting for the answer in vain
                 states.add(pool.snapshots()[0]["state"])
                 time.sleep(0.02)
-            upstream.loop.call_soon_threadsafe(stop_writing.set)
+            upstream.loop.call_soon_threadsafe(stop_working.set)
             events = wait_for_terminal(store, "s1", timeout=10)
+            upstream.loop.call_soon_threadsafe(hung.set)
+            wait_until(lambda: pool.snapshots()[0]["state"] == "down", timeout=10)  # idle and silent: down
         finally:
             pool.shut_down(1)
+            upstream.loop.call_soon_threadsafe(hung.clear)  # the server's own shut-down waits for its checks
 
-    assert states == {state}
+    assert states == {"up"}
     assert events[-1].type == "done"
 
 
@@ -443,11 +447,19 @@ def test_a_chunk_of_an_unexpected_shape_ends_the_answer_with_an_error_not_a_hang
     assert events[-1].type == "error" and says in events[-1].data["message"]
 
 
-def test_a_line_longer_than_the_limit_fails_the_answer_and_opens_no_circuit(monkeypatch):
+@pytest.mark.parametrize(
+    "chunks, done, says",
+    [
+        ([chunk_of("x" * 2000, "stop")], True, "a line over 1000 bytes"),
+        ([], False, "without sending any of it"),  # llama.cpp's Python server's answer to too long a prompt
+    ],
+    ids=["a-line-over-the-limit", "a-stream-without-a-word"],
+)
+def test_an_answer_the_server_cannot_give_fails_and_opens_no_circuit(monkeypatch, chunks, done, says):
     monkeypatch.setattr(upstream_module, "MAX_LINE_BYTES", 1000)
 
     async def model_server(request: web.Request) -> web.Response:
-        return event_stream([chunk_of("x" * 2000, "stop")])
+        return event_stream(chunks, done=done)
 
     store = InMemoryStreamStore()
     pool = UpstreamPool(store, health_interval_s=60, failure_threshold=1)
@@ -460,7 +472,7 @@ def test_a_line_longer_than_the_limit_fails_the_answer_and_opens_no_circuit(monk
         snapshot = pool.snapshots()[0]
         pool.shut_down(1)
 
-    assert error.type == "error" and error.data["code"] == "upstream_error"
+    assert error.type == "error" and error.data["code"] == "upstream_error" and says in error.data["message"]
     assert (snapshot["state"], snapshot["errors"]) == ("up", 1)
 
 
