@@ -863,7 +863,7 @@ class UpstreamPool:
                     # one request at a time (llama.cpp, say) answers it only after the answer
                     # it is reading a long prompt for or writing. Those requests' own timeouts
                     # and the circuit judge it meanwhile; an idle server that is silent is down.
-                    healthy = state.healthy if state.outstanding else False
+                    healthy = state.healthy and state.outstanding > 0
                 except aiohttp.ClientError:
                     healthy = False
                 except Exception:  # anything else must not end the checks, freezing every state
