@@ -16,9 +16,10 @@ callbacks first, so that readers, resume, Stop and the ledger never know where i
   open an endpoint's circuit for `open_s`; then one request probes it (half-open). A 500
   fails over too but opens no circuit: it answers for one request, not for the server.
 - Health: every `health_interval_s` each endpoint's `/models` is asked; one that does
-  not answer is skipped until it does. A check that times out while the server keeps
-  streaming answers finds it busy, not down: a server that serves one request at a time
-  (llama.cpp) makes the check wait behind the answer it is writing.
+  not answer is skipped until it does. A check that times out while requests are in
+  flight leaves the endpoint as it was: a server that serves one request at a time
+  (llama.cpp) makes the check wait behind the request in hand, silent while it reads a
+  long prompt; those requests' own timeouts and the circuit judge it meanwhile.
 - Stop: one look at the store's cancel flags every `cancel_poll_s` for all running
   generations; a cancelled one closes its HTTP request, so the server aborts it.
 
