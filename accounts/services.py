@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 from functools import partial
 
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import Count, F, Q, Sum
@@ -124,6 +125,20 @@ def usage_request_count(*, user: User, limits: Limits, requested_max_tokens: int
             retry_after=max(1, math.ceil(window.free_in_s)),
         )
     return window.count
+
+
+def signup_admit(*, address: str | None) -> None:
+    """Count an account made from `address` (accounts.client_address): at most
+    CHAT_SIGNUPS_PER_MINUTE in any 60 s, so that one client cannot mint accounts (and their
+    quotas) in bulk. Raises QuotaExceeded, Retry-After when a place frees."""
+    limit = settings.CHAT_SIGNUPS_PER_MINUTE
+    window = request_log().admit(f"signup:{address}", limit=limit, now=timezone.now().timestamp())
+    if not window.admitted:
+        raise QuotaExceeded(
+            "rate_limit_exceeded",
+            f"Too many new accounts from your address: at most {limit} a minute.",
+            retry_after=max(1, math.ceil(window.free_in_s)),
+        )
 
 
 def usage_admit(

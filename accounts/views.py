@@ -19,9 +19,10 @@ from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from accounts.client_address import client_ip
 from accounts.forms import ApiKeyCreateForm, LoginForm
 from accounts.models import ApiKey
-from accounts.services import account_for, api_key_create, api_key_revoke, quota_for
+from accounts.services import QuotaExceeded, account_for, api_key_create, api_key_revoke, quota_for, signup_admit
 
 
 class AuthenticatedHttpRequest(HttpRequest):
@@ -39,6 +40,12 @@ def signup(request: HttpRequest) -> HttpResponse:
         return render(request, "accounts/signup_closed.html", status=403)
     form: UserCreationForm[User] = UserCreationForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
+        try:
+            signup_admit(address=client_ip(request))
+        except QuotaExceeded as refusal:
+            response = render(request, "accounts/signup.html", {"form": form, "refusal": refusal.message}, status=429)
+            response["Retry-After"] = str(refusal.retry_after)
+            return response
         user = form.save(commit=False)
         user.is_active = settings.CHAT_SIGNUP == "open"
         user.save()

@@ -318,6 +318,8 @@ AUTH_PASSWORD_VALIDATORS = [
 # open: anyone signs up and is logged in; approval: new accounts wait, inactive, for an
 # admin to approve them (the users admin); closed: only admins make accounts.
 CHAT_SIGNUP = env_choice("CHAT_SIGNUP", "open", ("open", "approval", "closed"))
+# Accounts one client address may make in any 60 seconds (accounts.services.signup_admit).
+CHAT_SIGNUPS_PER_MINUTE = env_int("CHAT_SIGNUPS_PER_MINUTE", 3, minimum=1)
 # Log-in throttling (django-axes): CHAT_LOGIN_FAILURE_LIMIT wrong passwords for a username
 # from one address lock that pair's log-ins for CHAT_LOGIN_LOCKOUT_MINUTES, counted from the
 # last failure; while locked, no password is checked. By pair, so that no one can lock a
@@ -451,7 +453,10 @@ LOGGING = {
             "format": "%(asctime)s %(levelname)s %(name)s %(message)s %(request_id)s",
             "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"},
         },
-        "text": {"format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"},
+        "text": {
+            "()": "generation.logs.TextFormatter",
+            "format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s",
+        },
     },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["request"]}},
     "root": {"handlers": ["console"], "level": "INFO"},

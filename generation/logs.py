@@ -102,6 +102,22 @@ def log_generation(task: GenerationTask, result: GenerationResult) -> None:
     generation_log.log(level, "generation %s %s", task.stream_id, result.status, extra=fields)
 
 
+# Every C0 and C1 control character (DEL included) but none of the printable rest.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _escaped(match: re.Match[str]) -> str:
+    return match.group().encode("unicode_escape").decode("ascii")
+
+
+class TextFormatter(logging.Formatter):
+    """LOG_FORMAT=text: one record, one line. A newline a client put in a path, a query's
+    name or a header would otherwise start a forged line; tracebacks stay in their line too."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return _CONTROL.sub(_escaped, super().format(record))
+
+
 class RequestContext(logging.Filter):
     """Gives every record the current request's id ("-" outside a request), for both formats."""
 

@@ -558,15 +558,20 @@ def metrics(request: HttpRequest) -> HttpResponse:
 
 
 def _operator(request: HttpRequest) -> bool:
-    """A caller with the bearer METRICS_TOKEN, or one on this host that no proxy relays."""
+    """A caller with the bearer METRICS_TOKEN, or one on this host that no proxy relays
+    (no proxy header, the one CHAT_CLIENT_IP_HEADER names included)."""
     scheme, _, given = request.headers.get("Authorization", "").partition(" ")
     if settings.METRICS_TOKEN and scheme.lower() == "bearer":
         return hmac.compare_digest(given.strip().encode(), settings.METRICS_TOKEN.encode())
+    # A proxy on this host relays others: any header a proxy writes makes the caller remote,
+    # and the configured client-address header names the caller (accounts.client_address).
+    proxy_headers = ["HTTP_X_FORWARDED_FOR", "HTTP_FORWARDED", settings.CHAT_CLIENT_IP_HEADER]
+    if any(name and name in request.META for name in proxy_headers):
+        return False
     try:
-        local = ipaddress.ip_address(request.META.get("REMOTE_ADDR", "")).is_loopback
+        return ipaddress.ip_address(request.META.get("REMOTE_ADDR", "")).is_loopback
     except ValueError:
         return False
-    return local and "X-Forwarded-For" not in request.headers and "Forwarded" not in request.headers
 
 
 def _connect_database() -> None:

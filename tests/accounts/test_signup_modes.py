@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.auth.models import User
+from django.test import Client
 from django.urls import reverse
 
 from tests.conftest import PASSWORD
@@ -103,3 +104,50 @@ def test_an_admin_still_makes_accounts_when_signup_is_closed(admin_client, clien
 
     assert User.objects.get(username="dave").is_active
     assert log_in(client).status_code == 302
+
+
+def _sign_up(client, username: str, address: str):
+    form = {**SIGNUP, "username": username}
+    return client.post(reverse("accounts:signup"), form, REMOTE_ADDR=address)
+
+
+def test_one_address_makes_at_most_the_limit_of_accounts_a_minute(client, settings):
+    settings.CHAT_SIGNUPS_PER_MINUTE = 2
+    made = [_sign_up(Client(), f"user{n}", "198.51.100.7") for n in range(2)]
+    refused = _sign_up(client, "user2", "198.51.100.7")
+
+    assert [response.status_code for response in made] == [302, 302]
+    assert refused.status_code == 429
+    assert 0 < int(refused["Retry-After"]) <= 60
+    assert "Too many new accounts from your address" in refused.content.decode()
+    assert 'value="user2"' in refused.content.decode()  # the form is kept
+    assert not User.objects.filter(username="user2").exists()
+
+
+def test_the_signup_limit_is_per_address(client, settings):
+    settings.CHAT_SIGNUPS_PER_MINUTE = 1
+    first = _sign_up(Client(), "user0", "198.51.100.7")
+    elsewhere = _sign_up(client, "user1", "198.51.100.8")
+
+    assert first.status_code == elsewhere.status_code == 302
+
+
+def test_a_refused_signup_form_is_not_counted(client, settings):
+    settings.CHAT_SIGNUPS_PER_MINUTE = 1
+    mismatched = client.post(
+        reverse("accounts:signup"), {**SIGNUP, "password2": "something-else-entirely"}, REMOTE_ADDR="198.51.100.7"
+    )
+    made = _sign_up(Client(), "user0", "198.51.100.7")
+
+    assert mismatched.status_code == 400
+    assert made.status_code == 302
+
+
+def test_the_signup_limit_follows_the_proxys_client_address_header(client, settings):
+    settings.CHAT_SIGNUPS_PER_MINUTE = 1
+    settings.CHAT_CLIENT_IP_HEADER = "HTTP_X_REAL_IP"
+    first = Client().post(reverse("accounts:signup"), {**SIGNUP, "username": "u0"}, HTTP_X_REAL_IP="203.0.113.1")
+    second = client.post(reverse("accounts:signup"), {**SIGNUP, "username": "u1"}, HTTP_X_REAL_IP="203.0.113.1")
+
+    assert first.status_code == 302
+    assert second.status_code == 429

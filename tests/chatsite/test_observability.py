@@ -107,6 +107,53 @@ def test_a_json_log_line_is_one_line_with_its_traceback_inside():
     assert "RuntimeError: boom" in record["exc_info"]
 
 
+def _text_lines_of(run) -> list[str]:
+    """The lines LOG_FORMAT=text writes for the access-log records of `run()`."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(DictConfigurator({}).configure_formatter(dict(settings.LOGGING["formatters"]["text"])))
+    handler.addFilter(logs.RequestContext())
+    access = logging.getLogger("chatsite.access")
+    access.addHandler(handler)
+    try:
+        run()
+    finally:
+        access.removeHandler(handler)
+    return stream.getvalue().splitlines()
+
+
+@pytest.mark.parametrize(
+    ("path", "query", "escaped"),
+    [
+        ("/x\n2026-12-03 10:00:00,000 INFO chatsite.access [-] POST /admin/login/ 302", b"", "/x\\n2026"),
+        ("/x\r\x1b[2J\x85", b"", "/x\\r\\x1b[2J\\x85"),  # carriage return, a terminal escape, NEL
+    ],
+)
+def test_a_text_log_record_is_one_line_whatever_the_client_sends(caplog, path, query, escaped):
+    caplog.set_level(logging.INFO, logger="chatsite.access")
+    (line,) = _text_lines_of(lambda: run_request(plain_ok, path, query=query))
+    assert escaped in line
+    assert not any(character in line for character in "\r\x1b\x85")
+
+
+def test_a_text_log_keeps_a_traceback_in_its_record_line():
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(DictConfigurator({}).configure_formatter(dict(settings.LOGGING["formatters"]["text"])))
+    handler.addFilter(logs.RequestContext())
+    logger = logging.getLogger("chatsite.test.text")
+    logger.addHandler(handler)
+    try:
+        try:
+            raise RuntimeError("boom\nforged")
+        except RuntimeError:
+            logger.exception("it failed")
+    finally:
+        logger.removeHandler(handler)
+    (line,) = stream.getvalue().splitlines()
+    assert "it failed" in line and "RuntimeError: boom\\nforged" in line
+
+
 def test_an_api_generation_logs_one_line_with_its_request_and_is_measured(alice_key, fast_engine, caplog):
     caplog.set_level(logging.INFO, logger="chatsite.generation")
     before = REGISTRY.get_sample_value("chatsite_ttft_seconds_count", {"model": "smollm2-135m-instruct"}) or 0
@@ -135,6 +182,21 @@ def test_metrics_are_for_local_callers_without_a_token(client, fast_engine, remo
     assert response.status_code == (200 if allowed else 403)
     if allowed:
         assert "chatsite_active_generations" in response.content.decode()
+
+
+@pytest.mark.parametrize("address", ["203.0.113.5", "127.0.0.1", "not an address"])
+def test_a_local_proxys_client_address_header_makes_the_caller_remote(client, fast_engine, settings, address):
+    # nginx on this host sets X-Real-IP to whoever it relays, even another loopback caller.
+    settings.CHAT_CLIENT_IP_HEADER = "HTTP_X_REAL_IP"
+    metrics = client.get("/metrics", REMOTE_ADDR="127.0.0.1", HTTP_X_REAL_IP=address)
+    readyz = client.get("/readyz", REMOTE_ADDR="127.0.0.1", HTTP_X_REAL_IP=address)
+    assert metrics.status_code == 403
+    assert readyz.json() == {"status": "ok"}
+
+
+def test_a_local_caller_without_the_proxys_header_is_an_operator(client, fast_engine, settings):
+    settings.CHAT_CLIENT_IP_HEADER = "HTTP_X_REAL_IP"
+    assert client.get("/metrics", REMOTE_ADDR="127.0.0.1").status_code == 200
 
 
 def test_metrics_take_the_bearer_token_from_anywhere(client, fast_engine, settings):
