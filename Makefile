@@ -8,7 +8,7 @@ TORCH_INDEX ?=
 # Every package comes from a lock (`make lock`) and must match one of its hashes.
 PIP_INSTALL := $(PY) -m pip install --require-hashes $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 
-.PHONY: run test lint audit lock bench bench-concurrency clean
+.PHONY: run test test-fast lint audit lock bench bench-concurrency clean
 
 # Installs are stamped so repeated runs skip them until a lock changes.
 $(VENV)/.installed: requirements.lock requirements-models.lock
@@ -25,6 +25,9 @@ LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
 	-DGGML_OPENMP=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 
 $(VENV)/.installed-dev: $(VENV)/.installed requirements-dev.lock
+	@built=$$($(PY) -m pip cache list llama_cpp_python --format abspath 2>/dev/null | head -1); \
+	if [ -n "$$built" ]; then echo "llama-cpp-python: the wheel built before on this machine, no compiling ($$built)"; \
+	else echo "llama-cpp-python: no wheel built on this machine yet; compiling it once (about 5 minutes)"; fi
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PIP_INSTALL) -r requirements-dev.lock
 	touch $@
 
@@ -42,8 +45,13 @@ run: $(VENV)/.installed
 	$(VENV)/bin/daphne --access-log /dev/null -e tcp:port=$(PORT):interface=127.0.0.1:backlog=4096 \
 	  chatsite.asgi:application
 
+# The whole suite; PYTEST_ARGS narrows it (CI's second pass: -m services). docs/testing.md.
 test: $(VENV)/.installed-dev
-	$(PY) -m pytest
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+# For iteration: no process started, nothing slow, no browser (docs/testing.md).
+test-fast: $(VENV)/.installed-dev
+	$(PY) -m pytest -m "not e2e and not slow and not browser" $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .

@@ -6,6 +6,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from django.conf import settings as django_settings
@@ -18,9 +19,37 @@ from inference.engine import Engine
 from inference.generators import Generator, SyntheticGenerator, load_generator
 from inference.registry import resolve_model
 from inference.streams import InMemoryStreamStore, StreamEvent
-from tests.livesite import LiveSite
+from tests.livesite import STARTED, LiveSite
+from tests.support.sites import LiveSites
 
 PASSWORD = "correct-horse-battery-staple"
+E2E = Path(__file__).resolve().parent / "e2e"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tier marks that follow from where a test is and what it uses (pyproject.toml):
+    tests/e2e/ starts processes; a test with Chromium is a browser test; one with the
+    database or a live site can behave differently on PostgreSQL and Redis (`services`),
+    but for the browser tests, whose sites use SQLite either way."""
+    for item in items:
+        if E2E in item.path.parents:
+            item.add_marker(pytest.mark.e2e)
+        if "browser" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.browser)
+        elif item.get_closest_marker("django_db") or item.get_closest_marker("e2e"):
+            item.add_marker(pytest.mark.services)
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix) -> None:
+    """A test database of this run's own (pytest-django's hook): two runs on one machine,
+    in one checkout or against one PostgreSQL, would otherwise share one and break each other."""
+    database = django_settings.DATABASES["default"]
+    test = database.setdefault("TEST", {})
+    if database["ENGINE"].endswith("sqlite3"):
+        test["NAME"] = f"{test['NAME']}-{os.getpid()}"
+    else:
+        test["NAME"] = f"{test.get('NAME') or 'test_' + database['NAME']}_{os.getpid()}"
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -153,17 +182,28 @@ def wait_until(condition: Callable[[], bool], timeout: float = 30) -> None:
 
 
 @pytest.fixture(scope="session")
-def live_site() -> Iterator[LiveSite]:
-    """chatsite under a real daphne process with the real model, shared by the session."""
-    with LiveSite() as site:
-        yield site
+def live_sites() -> Iterator[LiveSites]:
+    """Live sites by configuration, each started once for the run (tests.support.sites)."""
+    sites = LiveSites()
+    yield sites
+    sites.close()
 
 
 @pytest.fixture(scope="session")
-def cache_site() -> Iterator[LiveSite]:
+def live_site(live_sites) -> LiveSite:
+    """chatsite under a real daphne process with the real model, shared by the session."""
+    return live_sites.site()
+
+
+@pytest.fixture(scope="session")
+def cache_site(live_sites) -> LiveSite:
     """chatsite under a real daphne with the real model and the response cache on (per user)."""
-    with LiveSite(env={"CHAT_RESPONSE_CACHE": "user"}) as site:
-        yield site
+    return live_sites.site({"CHAT_RESPONSE_CACHE": "user"})
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    started = ", ".join(f"{count} {kind}" for kind, count in sorted(STARTED.items())) or "none"
+    terminalreporter.write_line(f"processes started by the tests: {sum(STARTED.values())} ({started})")
 
 
 CHROMIUM = "/usr/bin/chromium"

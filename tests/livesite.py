@@ -65,12 +65,37 @@ def kill_process(process: subprocess.Popen[bytes]) -> None:
         process.wait()
 
 
-class LiveSite:
-    """`with LiveSite() as site:` starts migrate + daphne and waits for /readyz."""
+# Every process the tests start, by kind: the run's last line reports them (tests/conftest.py).
+STARTED: Counter[str] = Counter()
 
-    def __init__(self, env: dict[str, str] | None = None, ready_timeout: float = 180, root: Path = ROOT) -> None:
+
+def manage(root: Path, env: dict[str, str], *command: str) -> None:
+    """`manage.py COMMAND` in a process of its own, as a deployment runs it."""
+    STARTED["manage.py " + command[0]] += 1
+    subprocess.run([sys.executable, "manage.py", *command], cwd=root, env=env, check=True)
+
+
+class LiveSite:
+    """`with LiveSite() as site:` starts migrate + daphne and waits for /readyz.
+
+    `database_template`: an SQLite file migrated already, copied instead of migrating again;
+    `static_collected`: collectstatic ran already for this checkout (tests.support.sites
+    does both once per run).
+    """
+
+    def __init__(
+        self,
+        env: dict[str, str] | None = None,
+        ready_timeout: float = 180,
+        root: Path = ROOT,
+        *,
+        database_template: Path | None = None,
+        static_collected: bool = False,
+    ) -> None:
         # `root`: the checkout to serve, this one unless a bench compares another revision.
         self.root = root
+        self.database_template = database_template
+        self.static_collected = static_collected
         self._tmp = tempfile.TemporaryDirectory(prefix="chatsite-live-")
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
@@ -90,6 +115,8 @@ class LiveSite:
             "CHAT_RESPONSE_CACHE": "off",
             # Stopped at a test's end: answers still running get 2 s, not 30, to finish.
             "GRACEFUL_TIMEOUT": "2",
+            # Every test's users sign up from 127.0.0.1; the sign-up limit has tests of its own.
+            "CHAT_SIGNUPS_PER_MINUTE": "1000",
             **(env or {}),
         }
         self.ready_timeout = ready_timeout
@@ -98,13 +125,19 @@ class LiveSite:
         self.process: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> LiveSite:
-        for command in (["migrate", "--noinput"], ["collectstatic", "--noinput", "--verbosity", "0"]):
-            subprocess.run([sys.executable, "manage.py", *command], cwd=self.root, env=self.env, check=True)
+        database = self.env["DATABASE_URL"].removeprefix("sqlite:///")
+        if self.database_template and database != self.env["DATABASE_URL"]:
+            shutil.copyfile(self.database_template, database)
+        else:
+            manage(self.root, self.env, "migrate", "--noinput")
+        if not self.static_collected:
+            manage(self.root, self.env, "collectstatic", "--noinput", "--verbosity", "0")
         self.start()
         return self
 
     def start(self) -> None:
         started = time.monotonic()
+        STARTED["daphne"] += 1
         self.process = subprocess.Popen(
             [
                 sys.executable,
@@ -183,6 +216,7 @@ class LiveWorker:
         # restarted one says it again in the same log.
         ready_line = "serves" if self.queue == "generation" else " ready."
         said_before = self.log().count(ready_line)
+        STARTED["celery worker"] += 1
         self.process = subprocess.Popen(
             command, cwd=ROOT, env=self.env, stdout=self.log_path.open("ab"), stderr=subprocess.STDOUT
         )
@@ -405,6 +439,7 @@ UNLIMITED = {
 def unlimited_api_key(site: LiveSite, **limits: int) -> str:
     """An API key of a new user on `site` whose plan lets any load through (tests, benches),
     but for the `limits` given (Account fields: tokens_per_day=100, say)."""
+    STARTED["manage.py shell"] += 1
     output = subprocess.run(
         [sys.executable, "manage.py", "shell", "-c", ACCOUNT_WITH_LIMITS],
         cwd=site.root,

@@ -22,7 +22,7 @@ from schemathesis.checks import CHECKS
 
 from api.openapi import openapi_document
 from inference.upstream import PASSTHROUGH_FIELDS
-from tests.livesite import LiveSite, unlimited_api_key
+from tests.livesite import unlimited_api_key
 
 FUZZ_ENV = {"CHAT_ENABLE_SYNTHETIC": "1", "CHAT_MODEL": "synthetic", "CHAT_SYNTHETIC_TOKENS_PER_S": "20000"}
 EXAMPLES_PER_OPERATION = 100  # at most; a small operation runs out of new requests sooner
@@ -42,9 +42,8 @@ statuses: Counter[int] = Counter()
 
 
 @pytest.fixture(scope="module")
-def fuzz_site():
-    with LiveSite(env=FUZZ_ENV) as site:
-        yield site
+def fuzz_site(live_sites):
+    return live_sites.site(FUZZ_ENV)
 
 
 @pytest.fixture(scope="module")

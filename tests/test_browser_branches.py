@@ -14,7 +14,6 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.conftest import sign_up
-from tests.livesite import LiveSite
 
 SYNTHETIC_ENV = {"CHAT_ENABLE_SYNTHETIC": "1", "CHAT_MODEL": "synthetic", "CHAT_SYNTHETIC_TOKENS_PER_S": "100"}
 ANSWER_WORDS = 5
@@ -22,9 +21,8 @@ SYSTEM_PROMPT = "Be brief."  # 2 words
 
 
 @pytest.fixture(scope="module")
-def synthetic_site():
-    with LiveSite(env=SYNTHETIC_ENV) as site:
-        yield site
+def synthetic_site(live_sites):
+    return live_sites.site(SYNTHETIC_ENV)
 
 
 @pytest.fixture

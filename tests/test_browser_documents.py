@@ -10,7 +10,6 @@ from playwright.sync_api import expect
 
 from tests.conftest import sign_up
 from tests.documents.corpus import DOCUMENTS
-from tests.livesite import LiveSite
 
 SYNTHETIC_ENV = {"CHAT_ENABLE_SYNTHETIC": "1", "CHAT_MODEL": "synthetic", "CHAT_SYNTHETIC_TOKENS_PER_S": "400"}
 # Big enough for the upload to report progress on its way: the tides text, then padding.
@@ -20,9 +19,8 @@ TIDES = (
 
 
 @pytest.fixture(scope="module")
-def synthetic_site():
-    with LiveSite(env=SYNTHETIC_ENV) as site:
-        yield site
+def synthetic_site(live_sites):
+    return live_sites.site(SYNTHETIC_ENV)
 
 
 @pytest.fixture

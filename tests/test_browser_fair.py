@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from tests.livesite import LiveSite
 from tests.test_browser_queue import stop
 from tests.test_browser_streams import start_answer, wait_for_words
 
@@ -24,9 +23,8 @@ FAIR_ENV = {
 
 
 @pytest.fixture(scope="module")
-def fair_site():
-    with LiveSite(env=FAIR_ENV) as site:
-        yield site
+def fair_site(live_sites):
+    return live_sites.site(FAIR_ENV)
 
 
 def test_another_users_answer_goes_ahead_of_a_users_second_and_each_page_shows_its_place(browser, fair_site):

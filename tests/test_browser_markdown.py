@@ -42,9 +42,8 @@ print(conversation.id)
 
 
 @pytest.fixture(scope="module")
-def synthetic_site():
-    with LiveSite(env=SYNTHETIC_ENV) as site:
-        yield site
+def synthetic_site(live_sites):
+    return live_sites.site(SYNTHETIC_ENV)
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.conftest import sign_up
-from tests.livesite import LiveSite
 from tests.test_browser_streams import FULL_ANSWER, start_answer, text_of, wait_for_words
 
 QUEUE_ENV = {
@@ -25,9 +24,8 @@ QUEUE_ENV = {
 
 
 @pytest.fixture(scope="module")
-def queue_site():
-    with LiveSite(env=QUEUE_ENV) as site:
-        yield site
+def queue_site(live_sites):
+    return live_sites.site(QUEUE_ENV)
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.conftest import PASSWORD, sign_up
-from tests.livesite import ROOT, LiveSite
+from tests.livesite import ROOT
 from tests.test_browser_csp import REPORT_VIOLATIONS
 
 SYNTHETIC_ENV = {"CHAT_ENABLE_SYNTHETIC": "1", "CHAT_MODEL": "synthetic", "CHAT_SYNTHETIC_TOKENS_PER_S": "50"}
@@ -25,9 +25,8 @@ AT_BOTTOM = "() => { const s = document.scrollingElement; return s.scrollHeight 
 
 
 @pytest.fixture(scope="module")
-def synthetic_site():
-    with LiveSite(env=SYNTHETIC_ENV) as site:
-        yield site
+def synthetic_site(live_sites):
+    return live_sites.site(SYNTHETIC_ENV)
 
 
 @pytest.fixture

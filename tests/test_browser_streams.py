@@ -15,7 +15,6 @@ from playwright.sync_api import expect
 
 from inference.generators import SYNTHETIC_TEXT
 from tests.conftest import sign_up
-from tests.livesite import LiveSite
 from tests.tcp_proxy import FlakyProxy
 
 RATE = 50
@@ -24,9 +23,8 @@ SYNTHETIC_ENV = {"CHAT_ENABLE_SYNTHETIC": "1", "CHAT_MODEL": "synthetic", "CHAT_
 
 
 @pytest.fixture(scope="module")
-def synthetic_site():
-    with LiveSite(env=SYNTHETIC_ENV) as site:
-        yield site
+def synthetic_site(live_sites):
+    return live_sites.site(SYNTHETIC_ENV)
 
 
 @pytest.fixture
@@ -131,8 +129,8 @@ def test_stop_keeps_exactly_the_streamed_text_after_a_reload(page):
     expect(page.get_by_role("button", name="Stop")).to_have_count(0)
 
 
-def test_server_killed_mid_answer_leaves_it_interrupted_with_its_text_after_restart(browser):
-    with LiveSite(env=SYNTHETIC_ENV) as site:
+def test_server_killed_mid_answer_leaves_it_interrupted_with_its_text_after_restart(browser, live_sites):
+    with live_sites.own(SYNTHETIC_ENV) as site:
         context = browser.new_context(base_url=site.base_url)
         page = context.new_page()
         answer = start_answer(page, "crash")

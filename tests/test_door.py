@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from inference.generators import SYNTHETIC_TEXT
-from tests.livesite import LiveSite, run_async, unlimited_api_key
+from tests.livesite import run_async, unlimited_api_key
 
 BURST = 256
 TOKENS = 8
@@ -31,9 +31,8 @@ SITE_ENV = {
 
 
 @pytest.fixture(scope="module")
-def burst_site():
-    with LiveSite(env=SITE_ENV) as site:
-        yield site
+def burst_site(live_sites):
+    return live_sites.site(SITE_ENV)
 
 
 async def _stream_once(client: httpx.AsyncClient, start: asyncio.Event, key: str) -> tuple[int, str, bool]:

@@ -57,8 +57,8 @@ class Reader(threading.Thread):
         return "".join(c["choices"][0]["delta"].get("content") or "" for c in self.chunks() if c.get("choices"))
 
 
-def test_sigterm_lets_the_answers_under_way_finish_interrupts_the_rest_and_exits_0():
-    with LiveSite(env={**SLOW_SYNTHETIC, "GRACEFUL_TIMEOUT": "3"}) as site:
+def test_sigterm_lets_the_answers_under_way_finish_interrupts_the_rest_and_exits_0(live_sites):
+    with live_sites.own({**SLOW_SYNTHETIC, "GRACEFUL_TIMEOUT": "3"}) as site:
         key = unlimited_api_key(site)
         short, long = Reader(site, key, 30), Reader(site, key, 2_000)  # 1.5 s and 100 s at 20 tokens/s
         short.start()

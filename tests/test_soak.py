@@ -24,7 +24,7 @@ import pytest
 
 from bench.fanout import Counters, http_request, memory, parse_block, read_events
 from inference.generators import SYNTHETIC_TEXT
-from tests.livesite import LiveSite, log_errors, run_async, unlimited_api_key
+from tests.livesite import log_errors, run_async, unlimited_api_key
 
 SECONDS = int(os.environ.get("SOAK_SECONDS", "60"))  # of new generations; longer by hand
 STARTS_PER_S = 2
@@ -224,8 +224,8 @@ def at(samples: list[tuple[float, float, int, int]], second: float) -> tuple[flo
 
 
 @pytest.mark.timeout(DEADLINE_S + 120)  # the site's start and stop, on top of the load
-def test_a_minute_of_streams_and_500_readers_delivers_every_token_in_order_with_flat_memory():
-    with LiveSite(env=SITE_ENV) as site:
+def test_a_minute_of_streams_and_500_readers_delivers_every_token_in_order_with_flat_memory(live_sites):
+    with live_sites.own(SITE_ENV) as site:
         assert site.process is not None
         soak = Soak(site.port, unlimited_api_key(site), site.process.pid)
         began = time.monotonic()

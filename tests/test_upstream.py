@@ -27,6 +27,7 @@ from inference.engine import Job
 from inference.streams import InMemoryStreamStore
 from inference.upstream import UpstreamPool, endpoint_from_json, estimate_prompt_tokens
 from tests.livesite import LiveSite, unlimited_api_key
+from tests.support.sites import LiveSites
 from tests.upstreams import LlamaCppServer, SilentServer, TransformersServe
 
 SYNTHETIC = {"CHAT_ENABLE_SYNTHETIC": "1", "CHAT_MODEL": "synthetic"}
@@ -36,8 +37,9 @@ CHAT = [{"role": "user", "content": "Tell me about streams."}]
 class Upstream:
     """A chatsite process serving the synthetic model, as a model server."""
 
-    def __init__(self, tokens_per_s: int = 50) -> None:
-        self.site = LiveSite(env={**SYNTHETIC, "CHAT_SYNTHETIC_TOKENS_PER_S": str(tokens_per_s)})
+    def __init__(self, live_sites: LiveSites, tokens_per_s: int = 50) -> None:
+        # Its own site, not a shared one: tests count its generations, and kill it.
+        self.site = live_sites.own({**SYNTHETIC, "CHAT_SYNTHETIC_TOKENS_PER_S": str(tokens_per_s)})
 
     def __enter__(self) -> Upstream:
         self.site.__enter__()
@@ -62,21 +64,22 @@ class Upstream:
 
 
 @contextmanager
-def front(*endpoints: dict[str, object]) -> Iterator[tuple[LiveSite, openai.OpenAI]]:
-    """chatsite serving these endpoints' models, and an openai client of it."""
-    with LiveSite(env={**SYNTHETIC, "CHAT_UPSTREAMS": json.dumps(endpoints)}) as site:
-        yield site, openai.OpenAI(base_url=f"{site.base_url}/v1", api_key=unlimited_api_key(site), max_retries=0)
+def front(live_sites: LiveSites, *endpoints: dict[str, object]) -> Iterator[tuple[LiveSite, openai.OpenAI]]:
+    """chatsite serving these endpoints' models (shared by the tests that ask for the same
+    ones), and an openai client of it for a new user."""
+    site = live_sites.site({**SYNTHETIC, "CHAT_UPSTREAMS": json.dumps(endpoints)})
+    yield site, openai.OpenAI(base_url=f"{site.base_url}/v1", api_key=unlimited_api_key(site), max_retries=0)
 
 
 @pytest.fixture(scope="module")
-def upstream() -> Iterator[Upstream]:
-    with Upstream() as server:
+def upstream(live_sites) -> Iterator[Upstream]:
+    with Upstream(live_sites) as server:
         yield server
 
 
 @pytest.fixture(scope="module")
-def second_upstream() -> Iterator[Upstream]:
-    with Upstream() as server:
+def second_upstream(live_sites) -> Iterator[Upstream]:
+    with Upstream(live_sites) as server:
         yield server
 
 
@@ -92,8 +95,8 @@ def raw_stream(site: LiveSite, key: str, body: dict, *, after: int | None = None
         yield from r.iter_lines()
 
 
-def test_an_upstream_model_streams_and_answers_whole_through_the_openai_client(upstream):
-    with front(upstream.endpoint()) as (_, client):
+def test_an_upstream_model_streams_and_answers_whole_through_the_openai_client(upstream, live_sites):
+    with front(live_sites, upstream.endpoint()) as (_, client):
         assert "remote" in [model.id for model in client.models.list()]
 
         stream = client.chat.completions.create(
@@ -107,8 +110,8 @@ def test_an_upstream_model_streams_and_answers_whole_through_the_openai_client(u
     assert whole.usage.completion_tokens == 12 and whole.usage.prompt_tokens == 4  # the upstream's own count
 
 
-def test_an_upstream_stream_resumes_after_a_dropped_connection(upstream):
-    with front(upstream.endpoint()) as (site, client):
+def test_an_upstream_stream_resumes_after_a_dropped_connection(upstream, live_sites):
+    with front(live_sites, upstream.endpoint()) as (site, client):
         key = client.api_key
         body = {"model": "remote", "messages": CHAT, "max_tokens": 40, "stream_options": {"resumable": True}}
         seen, completion_id, last_id = [], None, None
@@ -134,8 +137,8 @@ def test_an_upstream_stream_resumes_after_a_dropped_connection(upstream):
     assert len(text.split()) == 40 and resumed.rstrip().endswith("data: [DONE]")
 
 
-def test_stop_closes_the_upstream_request_so_the_server_stops_generating(upstream):
-    with front(upstream.endpoint()) as (site, client):
+def test_stop_closes_the_upstream_request_so_the_server_stops_generating(upstream, live_sites):
+    with front(live_sites, upstream.endpoint()) as (site, client):
         key = client.api_key
         body = {"model": "remote", "messages": CHAT, "max_tokens": 2000, "stream_options": {"resumable": True}}
         lines = raw_stream(site, key, body)
@@ -158,10 +161,10 @@ def test_stop_closes_the_upstream_request_so_the_server_stops_generating(upstrea
     assert "data: [DONE]" in rest
 
 
-def test_a_request_the_ledger_refuses_after_its_early_start_is_closed_at_the_server(upstream):
+def test_a_request_the_ledger_refuses_after_its_early_start_is_closed_at_the_server(upstream, live_sites):
     """The request to the model server goes out while the ledger writes (generation_admit's
     start_early): one that the ledger then refuses is closed, and the admitted one goes on."""
-    with front(upstream.endpoint()) as (site, _):
+    with front(live_sites, upstream.endpoint()) as (site, _):
         client = openai.OpenAI(
             base_url=f"{site.base_url}/v1", api_key=unlimited_api_key(site, max_concurrent_streams=1), max_retries=0
         )
@@ -179,10 +182,10 @@ def test_a_request_the_ledger_refuses_after_its_early_start_is_closed_at_the_ser
     assert len(text_of(chunks).split()) == 150
 
 
-def test_a_days_budget_smaller_than_the_answer_stops_it_at_the_grant(upstream):
+def test_a_days_budget_smaller_than_the_answer_stops_it_at_the_grant(upstream, live_sites):
     """Sent before the ledger's grant, the request asks for as many tokens as the plan and
     the context allow; the grant of what is left of the day's budget stops it."""
-    with front(upstream.endpoint()) as (site, _):
+    with front(live_sites, upstream.endpoint()) as (site, _):
         budget = estimate_prompt_tokens(CHAT) + 12
         client = openai.OpenAI(
             base_url=f"{site.base_url}/v1", api_key=unlimited_api_key(site, tokens_per_day=budget), max_retries=0
@@ -192,9 +195,9 @@ def test_a_days_budget_smaller_than_the_answer_stops_it_at_the_grant(upstream):
     assert [chunk.choices[0].finish_reason for chunk in chunks if chunk.choices][-1] == "length"
 
 
-def test_sigterm_lets_model_server_answers_finish_then_closes_the_rest_as_interrupted(upstream):
+def test_sigterm_lets_model_server_answers_finish_then_closes_the_rest_as_interrupted(upstream, live_sites):
     endpoints = json.dumps([upstream.endpoint()])
-    with LiveSite(env={**SYNTHETIC, "CHAT_UPSTREAMS": endpoints, "GRACEFUL_TIMEOUT": "2"}) as site:
+    with live_sites.own({**SYNTHETIC, "CHAT_UPSTREAMS": endpoints, "GRACEFUL_TIMEOUT": "2"}) as site:
         key = unlimited_api_key(site)
         short = raw_stream(site, key, {"model": "remote", "messages": CHAT, "max_tokens": 40})  # 0.8 s at 50/s
         long = raw_stream(site, key, {"model": "remote", "messages": CHAT, "max_tokens": 2000})  # 40 s
@@ -215,7 +218,7 @@ def test_sigterm_lets_model_server_answers_finish_then_closes_the_rest_as_interr
     assert upstream.active_generations() == 0  # the model server stopped generating too
 
 
-def test_a_server_that_never_answers_ends_the_request_with_504_on_time():
+def test_a_server_that_never_answers_ends_the_request_with_504_on_time(live_sites):
     with SilentServer() as silent:
         endpoint = {
             "model": "hung",
@@ -223,7 +226,7 @@ def test_a_server_that_never_answers_ends_the_request_with_504_on_time():
             "upstream_model": "x",
             "first_token_timeout_s": 2,
         }
-        with front(endpoint) as (_, client):
+        with front(live_sites, endpoint) as (_, client):
             started = time.monotonic()
             with pytest.raises(openai.APIStatusError) as refused:
                 client.chat.completions.create(model="hung", messages=CHAT, max_tokens=5)
@@ -233,10 +236,10 @@ def test_a_server_that_never_answers_ends_the_request_with_504_on_time():
     assert 1.5 < waited < 6
 
 
-def test_with_one_endpoint_killed_under_load_new_requests_go_to_the_other_and_nothing_hangs(upstream):
-    with Upstream() as first:
+def test_with_one_endpoint_killed_under_load_new_requests_go_to_the_other_and_nothing_hangs(upstream, live_sites):
+    with Upstream(live_sites) as first:
         endpoints = [first.endpoint(max_concurrent=8), upstream.endpoint(max_concurrent=8)]
-        with front(*endpoints) as (_, client):
+        with front(live_sites, *endpoints) as (_, client):
 
             def answer(max_tokens: int) -> tuple[str, str | None]:
                 stream = client.chat.completions.create(
@@ -264,7 +267,9 @@ def test_with_one_endpoint_killed_under_load_new_requests_go_to_the_other_and_no
     assert all(error is None and len(text.split()) == 10 for text, error in served)
 
 
-def test_per_endpoint_caps_start_eight_streams_on_two_endpoints_and_queue_them_on_one(upstream, second_upstream):
+def test_per_endpoint_caps_start_eight_streams_on_two_endpoints_and_queue_them_on_one(
+    upstream, second_upstream, live_sites
+):
     first, second = upstream, second_upstream
     # Long answers, each held open until all eight have started or been queued: a stream that
     # ended (or was closed) early would free its place and let a later one in without waiting.
@@ -284,7 +289,7 @@ def test_per_endpoint_caps_start_eight_streams_on_two_endpoints_and_queue_them_o
         ([first.endpoint(max_concurrent=4), second.endpoint(max_concurrent=4)], 0),
         ([first.endpoint(max_concurrent=4)], 4),
     ):
-        with front(*endpoints) as (site, client), ThreadPoolExecutor(8) as pool:
+        with front(live_sites, *endpoints) as (site, client), ThreadPoolExecutor(8) as pool:
             start, decided = threading.Barrier(8), threading.Barrier(8)  # all eight at once, all eight open
             openings = list(pool.map(opening, [start] * 8, [decided] * 8, [site] * 8, [client.api_key] * 8))
         waited = [lines for lines in openings if lines[-1].startswith(": queued")]
@@ -300,13 +305,13 @@ def transformers_serve() -> Iterator[TransformersServe]:
         yield server
 
 
-def test_transformers_serve_as_an_upstream_streams_answers_whole_and_stops(transformers_serve):
+def test_transformers_serve_as_an_upstream_streams_answers_whole_and_stops(transformers_serve, live_sites):
     endpoint = {
         "model": "smol-upstream",
         "base_url": transformers_serve.base_url,
         "upstream_model": transformers_serve.model,
     }
-    with front(endpoint) as (site, client):
+    with front(live_sites, endpoint) as (site, client):
         stream = client.chat.completions.create(
             model="smol-upstream",
             messages=CHAT,
@@ -364,9 +369,9 @@ def llama_cpp() -> Iterator[LlamaCppServer]:
         yield server
 
 
-def test_tool_calls_stream_from_a_model_server_whole_and_on_resume(llama_cpp):
+def test_tool_calls_stream_from_a_model_server_whole_and_on_resume(llama_cpp, live_sites):
     # llama.cpp's stream reports no usage: the answer is counted with the model's tokenizer.
-    with front(llama_cpp.endpoint(tokenizer="smollm2-135m-instruct")) as (site, client):
+    with front(live_sites, llama_cpp.endpoint(tokenizer="smollm2-135m-instruct")) as (site, client):
         request = {"model": "smol-tools", "messages": ASK_WEATHER, "tools": [WEATHER], "tool_choice": CALL_WEATHER}
         chunks = list(client.chat.completions.create(**request, max_tokens=40, temperature=0, stream=True))
         whole = client.chat.completions.create(**request, max_tokens=40, temperature=0)
@@ -421,9 +426,9 @@ def test_tool_calls_stream_from_a_model_server_whole_and_on_resume(llama_cpp):
     assert len(capped_calls) == 3 and [c.choices[0].finish_reason for c in capped if c.choices][-1] == "length"
 
 
-def test_json_modes_and_logprobs_pass_through_to_a_model_server(llama_cpp):
+def test_json_modes_and_logprobs_pass_through_to_a_model_server(llama_cpp, live_sites):
     schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24}}, "required": ["city"]}
-    with front(llama_cpp.endpoint()) as (site, client):
+    with front(live_sites, llama_cpp.endpoint()) as (site, client):
         answer = client.chat.completions.create(
             model="smol-tools",
             messages=[{"role": "user", "content": "Name a city in France."}],
@@ -465,12 +470,12 @@ def test_json_modes_and_logprobs_pass_through_to_a_model_server(llama_cpp):
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "tools"
 
 
-def test_requests_a_model_server_cannot_take_fail_alone_and_open_no_circuit(llama_cpp):
+def test_requests_a_model_server_cannot_take_fail_alone_and_open_no_circuit(llama_cpp, live_sites):
     """llama.cpp answers a tool it cannot read with a 500, and a prompt longer than its
     context with a stream that ends before a word: that user's request fails (an empty
     answer would pass for a complete one), but the endpoint's circuit stays closed, so that
     nobody else is refused for it."""
-    with front(llama_cpp.endpoint()) as (site, client):
+    with front(live_sites, llama_cpp.endpoint()) as (site, client):
         bad = {"model": "smol-tools", "messages": ASK_WEATHER, "tools": [{"type": "function"}], "max_tokens": 4}
         # Longer than the server's context: its stream ends before a word, not even [DONE].
         too_long = {"model": "smol-tools", "messages": [{"role": "user", "content": "1 2 3 " * 1000}], "stream": True}

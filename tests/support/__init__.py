@@ -1,0 +1,1 @@
+"""What tests share: live sites and their clients, model servers, helpers of each layer."""
