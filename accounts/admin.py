@@ -122,6 +122,19 @@ class ApiKeyAdmin(ChangesApiAccess):
         self.message_user(request, f"Revoked {len(keys)} key(s).", messages.SUCCESS)
 
 
+# A spreadsheet runs a cell that starts with one of these as a formula; usernames and
+# model names are chosen by users ("CSV injection", OWASP).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _csv_cell(value: object) -> object:
+    """A CSV cell that a spreadsheet shows as written: text that would start a formula
+    gets OWASP's leading single quote; numbers stay numbers."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
 CSV_FIELDS = [
     "id",
     "created_at",
@@ -194,7 +207,8 @@ class UsageRecordAdmin(admin.ModelAdmin):
         writer.writerow(CSV_FIELDS)
         for record in queryset.select_related("user", "api_key").order_by("created_at", "pk"):
             writer.writerow(
-                [
+                _csv_cell(value)
+                for value in [
                     record.pk,
                     record.created_at.isoformat(),
                     record.user.get_username(),

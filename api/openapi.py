@@ -46,7 +46,8 @@ _STATUS = {
     404: "model_not_found, stream_not_found, or an unknown path",
     405: "Another method than the path's (with Allow)",
     413: "request_too_large: the body is over the size allowed",
-    429: "rate_limit_exceeded, insufficient_quota or too_many_concurrent_streams (with Retry-After)",
+    429: "rate_limit_exceeded, insufficient_quota, too_many_concurrent_streams or too_many_connections "
+    "(with Retry-After)",
     500: "A failure; its message names the X-Request-Id under which the server's log has the details",
     503: "server_overloaded (with Retry-After)",
 }
@@ -72,13 +73,18 @@ def _ok(description: str, schema: str, *, stream: bool = False, cached: bool = F
     return {"description": description, "headers": headers, "content": content}
 
 
-def _responses(ok: dict[str, Any], *, sent: bool = False, model: bool = False) -> dict[str, Any]:
-    """`ok` and the errors an operation may answer: those of a body if `sent`, of a generation if `model`."""
+def _responses(
+    ok: dict[str, Any], *, sent: bool = False, model: bool = False, streamed: bool = False
+) -> dict[str, Any]:
+    """`ok` and the errors an operation may answer: those of a body if `sent`, of a generation
+    if `model`, of an event stream (too_many_connections) if `streamed`."""
     statuses = [400, 401, 404, 405, 500]
     if sent:
         statuses.append(413)
     if model:
         statuses += [429, 503]
+    elif streamed:
+        statuses.append(429)
     responses: dict[str, Any] = {"200": ok}
     for status in sorted(statuses):
         headers = {"X-Request-Id": REQUEST_ID}
@@ -275,7 +281,7 @@ def openapi_document() -> dict[str, Any]:
                         {"name": "after", "in": "query", "schema": SEQUENCE},
                         {"name": "Last-Event-ID", "in": "header", "schema": SEQUENCE},
                     ],
-                    "responses": _responses(_stream_resumed()),
+                    "responses": _responses(_stream_resumed(), streamed=True),
                 }
             },
             "/streams/{id}/cancel": {

@@ -12,6 +12,7 @@ from pydantic import (
     Field,
     GetCoreSchemaHandler,
     GetJsonSchemaHandler,
+    ValidationInfo,
     WithJsonSchema,
     field_validator,
 )
@@ -56,11 +57,25 @@ class ToolCall(Strict):
 
 class ChatMessage(Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
-    name: str | None = None
     # A tool round trip: the assistant's calls, and a tool message answering one of them.
+    # Before content, whose check reads them.
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    content: Annotated[
+        str | list[TextPart] | None,
+        Field(validate_default=True, description="Required, except in an assistant message with tool_calls."),
+    ] = None
+    name: str | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _content_given(cls, value: object, info: ValidationInfo) -> object:
+        # As OpenAI: only an assistant's message that calls tools may leave its content out.
+        role = info.data.get("role")
+        if value is None and not (role == "assistant" and info.data.get("tool_calls")):
+            needing = "an assistant message without tool_calls" if role == "assistant" else f"a {role} message"
+            raise PydanticCustomError("missing", "Field required in {needing}", {"needing": needing})
+        return value
 
     def text(self) -> str:
         if self.content is None or isinstance(self.content, str):

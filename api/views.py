@@ -28,8 +28,9 @@ from api.chunks import DONE, Completion, WholeAnswer, completion_events, error_o
 from api.errors import ApiError, body_too_large, finish, internal_error, invalid_url, request_id_of
 from api.openapi import openapi_document
 from api.schemas import ChatCompletionRequest, CompletionOptions, CompletionRequest
-from generation import logs, runtime, sse
+from generation import connection_limits, logs, runtime, sse
 from generation.backends import backend
+from generation.connection_limits import Held, TooManyConnections
 from generation.database import in_database_thread
 from generation.refusals import REFUSALS, UNREACHABLE, Refusal, refusal_of
 from generation.services import generation_cancel, generation_start
@@ -147,7 +148,13 @@ async def stream_resume(request: HttpRequest, caller: Caller, completion_id: str
         raise ApiError(400, sse.RESUME_POINT_ERROR, param="after") from None
     include_usage = request.GET.get("include_usage") in ("1", "true")
     return _sse_response(
-        request, caller, completion, after=after, include_usage=include_usage, cancel_on_disconnect=False
+        request,
+        caller,
+        completion,
+        _stream_place(caller),
+        after=after,
+        include_usage=include_usage,
+        cancel_on_disconnect=False,
     )
 
 
@@ -210,6 +217,8 @@ async def unknown_url(request: HttpRequest) -> HttpResponseBase:
 async def _complete(
     request: HttpRequest, caller: Caller, body: CompletionOptions, prompt: Prompt, completion: Completion
 ) -> HttpResponseBase:
+    # Taken before the generation starts: a stream refused its place generates nothing.
+    held = _stream_place(caller) if body.stream else None
     try:
         started = await in_database_thread(
             generation_start,
@@ -223,16 +232,19 @@ async def _complete(
             stream_id=completion.stream_id,
         )
     except REFUSALS as error:
+        if held is not None:
+            held.release()
         refusal = refusal_of(error)
         # The services call the prompt "prompt"; a chat completion's is its messages.
         param = "messages" if refusal.param == "prompt" and completion.kind == "chat" else refusal.param
         raise _refused(refusal, param=param) from None
     caller.quota = started.quota
-    if body.stream:
+    if held is not None:
         response = _sse_response(
             request,
             caller,
             completion,
+            held,
             after=0,
             include_usage=body.include_usage,
             cancel_on_disconnect=not body.resumable,
@@ -266,10 +278,19 @@ async def _whole_completion(completion: Completion) -> HttpResponseBase:
             await _cancel_quietly(completion.stream_id)
 
 
+def _stream_place(caller: Caller) -> Held:
+    """A place for one more of the caller's open streams; a 429 when they hold them all."""
+    try:
+        return connection_limits.streams.hold(caller.key.user_id)
+    except TooManyConnections as error:
+        raise _refused(refusal_of(error)) from None
+
+
 def _sse_response(
     request: HttpRequest,
     caller: Caller,
     completion: Completion,
+    held: Held,
     *,
     after: int,
     include_usage: bool,
@@ -283,7 +304,7 @@ def _sse_response(
         include_usage=include_usage,
         cancel_on_disconnect=cancel_on_disconnect,
     )
-    return sse.response(chunks)
+    return sse.response(connection_limits.held_open(held, chunks))
 
 
 async def _sse_chunks(
@@ -308,7 +329,7 @@ async def _sse_chunks(
         finished = True
     except StreamNotFound:
         finished = True
-        yield sse.event(ApiError(404, "This stream has expired.", code="stream_not_found").body()) + DONE
+        yield sse.event((await _stream_gone(caller, completion)).body()) + DONE
     except UNREACHABLE as error:
         # The stream store went away mid-stream (a Redis restart): after the headers, the
         # 503 goes out as an event. The producer saves the answer as far as it got.
@@ -321,6 +342,22 @@ async def _sse_chunks(
         # Django cancels this generator when the client disconnects.
         if not finished and cancel_on_disconnect:
             await _cancel_quietly(completion.stream_id)
+
+
+async def _stream_gone(caller: Caller, completion: Completion) -> ApiError:
+    """Why the caller's stream is no longer in the store: its answer was interrupted (a crash
+    loses an in-memory stream with the process), or it outlived its retention."""
+    record = await in_database_thread(
+        UsageRecord.objects.filter(stream_id=completion.stream_id, user=caller.user).first
+    )
+    if record is None or record.status != UsageRecord.Status.INTERRUPTED:
+        return ApiError(404, "This stream has expired.", code="stream_not_found")
+    # An API answer's text is not kept, only its tokens: counted when the server stopped it
+    # gracefully, unknown (0) when the reaper settled it after a crash.
+    tokens = record.completion_tokens
+    so_far = f" after {tokens} token{'s' if tokens != 1 else ''}" if tokens else ""
+    message = f"This answer was interrupted (the server stopped){so_far}; it will not be finished."
+    return ApiError(500, message, code="generation_failed")
 
 
 async def _cancel_quietly(stream_id: str) -> None:

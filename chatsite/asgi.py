@@ -19,6 +19,7 @@ from channels.routing import ProtocolTypeRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 
 from api.errors import API_PREFIX  # noqa: E402
+from chatsite import daphne_limits  # noqa: E402
 from chatsite.body_limit import BodyLimit, install_in_daphne  # noqa: E402
 from chatsite.handlers import ProgramsHandler  # noqa: E402
 from chatsite.observability import RequestLog  # noqa: E402
@@ -40,6 +41,8 @@ async def http_application(scope: dict[str, Any], receive: Any, send: Any) -> No
 # Bodies over DATA_UPLOAD_MAX_MEMORY_SIZE are refused before they are read: here for any
 # ASGI server, and in daphne's HTTP layer, which otherwise reads a whole body first.
 install_in_daphne()
+# A deadline for request headers, and WebSockets that stop reading while they cannot keep up.
+daphne_limits.install_in_daphne()
 application = ProtocolTypeRouter(
     {"http": RequestLog(BodyLimit(http_application)), "websocket": routing.websocket_application}
 )

@@ -337,6 +337,16 @@ AXES_CLIENT_IP_CALLABLE = "accounts.client_address.client_ip"
 # Unset: the client is the connection's peer. Behind a reverse proxy, the header it sets
 # (e.g. X-Forwarded-For or X-Real-IP); the proxy must overwrite or append to it.
 CHAT_CLIENT_IP_HEADER = env_header("CHAT_CLIENT_IP_HEADER")
+# Connections (generation/connection_limits.py, chatsite/daphne_limits.py): event streams
+# (browser and API) and chat WebSockets one user may hold open in a web process; messages
+# a WebSocket may send (a token bucket: the burst at once, refilled at the rate); seconds
+# from a connection's opening (or a kept-alive connection's next byte) to a request's
+# complete headers.
+CHAT_MAX_STREAMS_PER_USER = env_int("CHAT_MAX_STREAMS_PER_USER", 32, minimum=1)
+CHAT_MAX_SOCKETS_PER_USER = env_int("CHAT_MAX_SOCKETS_PER_USER", 16, minimum=1)
+CHAT_SOCKET_MESSAGES_PER_S = env_float("CHAT_SOCKET_MESSAGES_PER_S", 20.0)
+CHAT_SOCKET_MESSAGE_BURST = env_int("CHAT_SOCKET_MESSAGE_BURST", 40, minimum=1)
+CHAT_HEADER_TIMEOUT_S = env_float("CHAT_HEADER_TIMEOUT_S", 10.0)
 
 LOGIN_URL = "accounts:login"
 LOGIN_REDIRECT_URL = "generation:chat"

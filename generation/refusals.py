@@ -12,6 +12,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from accounts.services import InvalidRequest, QuotaExceeded
+from generation.connection_limits import TooManyConnections
 from inference.engine import EngineOverloaded
 from inference.registry import UnknownModel
 
@@ -40,11 +41,14 @@ class Refusal:
 
 
 def refusal_of(error: Exception) -> Refusal:
-    """The refusal an exception of REFUSALS stands for."""
+    """The refusal an exception of REFUSALS (or TooManyConnections) stands for."""
     if isinstance(error, InvalidRequest):
         return Refusal(400, error.code, error.message, error.param)
     if isinstance(error, QuotaExceeded):
         return Refusal(429, error.code, error.message, error.param, error.retry_after)
+    if isinstance(error, TooManyConnections):
+        # Not a refusal of a generation: of one more connection, past a per-user limit.
+        return Refusal(429, "too_many_connections", error.message, retry_after=BUSY_RETRY_AFTER_S)
     if isinstance(error, UnknownModel):
         return Refusal(404, "model_not_found", str(error), "model")
     if isinstance(error, UNREACHABLE):

@@ -28,7 +28,11 @@ class Versions:
 
 
 class MessageTree:
-    """A conversation's messages, loaded in one query, with their versions and branches."""
+    """A conversation's messages, loaded in one query, with their versions and branches.
+
+    Every walk is linear in the messages: an imported conversation may have thousands, and
+    a walk that compared each message with those before it took seconds a page.
+    """
 
     def __init__(self, conversation: Conversation) -> None:
         self.conversation = conversation
@@ -37,8 +41,11 @@ class MessageTree:
         self._by_id = {message.pk: message for message in self.messages}
         self._order = {message.pk: index for index, message in enumerate(self.messages)}
         self._children: dict[int | None, list[Message]] = {}
+        self._position: dict[int, int] = {}  # each message's index among its versions
         for message in self.messages:  # in order of creation: versions oldest first
-            self._children.setdefault(message.parent_id, []).append(message)
+            versions = self._children.setdefault(message.parent_id, [])
+            self._position[message.pk] = len(versions)
+            versions.append(message)
 
     def leaf(self) -> Message | None:
         """The last message of the chosen branch; the newest message until one is chosen."""
@@ -48,8 +55,10 @@ class MessageTree:
     def path(self, last: Message | None) -> list[Message]:
         """The messages from the first one down to `last`, in order ([] for None)."""
         path: list[Message] = []
+        seen: set[int] = set()  # never loop on bad data
         current = self._by_id.get(last.pk) if last is not None else None
-        while current is not None and current not in path:  # `in`: never loop on bad data
+        while current is not None and current.pk not in seen:
+            seen.add(current.pk)
             path.append(current)
             current = self._by_id.get(current.parent_id)  # type: ignore[arg-type]
         return path[::-1]
@@ -60,16 +69,22 @@ class MessageTree:
 
     def newest_leaf(self, message: Message) -> Message:
         """The newest message at or below `message`: choosing a version shows its newest branch."""
-        newest, below = message, [message]
+        newest, below, seen = message, [message], {message.pk}
         while below:
             current = below.pop()
-            newest = max(newest, current, key=lambda candidate: self._order[candidate.pk])
-            below.extend(self._children.get(current.pk, []))
+            if self._order.get(current.pk, -1) > self._order.get(newest.pk, -1):
+                newest = current
+            for child in self._children.get(current.pk, []):
+                if child.pk not in seen:  # never loop on bad data
+                    seen.add(child.pk)
+                    below.append(child)
         return newest
 
     def versions(self, message: Message) -> Versions:
         siblings = self._children.get(message.parent_id, [message])
-        index = siblings.index(message) if message in siblings else 0
+        index = self._position.get(message.pk, 0)
+        if index >= len(siblings) or siblings[index].pk != message.pk:
+            index = 0  # not among them (saved after the tree was read)
         return Versions(
             position=index + 1,
             count=len(siblings),

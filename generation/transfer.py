@@ -9,7 +9,6 @@ with the reason, and leaves nothing behind.
 
 from __future__ import annotations
 
-import json
 import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
@@ -19,6 +18,7 @@ from django.db import transaction
 from django.utils import timezone
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
+from generation import untrusted_json
 from generation.forms import MAX_PROMPT_CHARS, MAX_SYSTEM_PROMPT_CHARS
 from generation.models import Conversation, Message
 from generation.selectors import MessageTree
@@ -29,6 +29,9 @@ VERSION = 1
 IMPORT_MAX_BYTES = 5 * 1024 * 1024
 IMPORT_MAX_MESSAGES = 5_000
 MAX_ANSWER_CHARS = 200_000
+
+
+NOT_JSON = "The file is not JSON: export a conversation as JSON and import that file."
 
 
 class ImportRefused(ValueError):
@@ -206,18 +209,22 @@ def conversation_document_parse(raw: bytes) -> ConversationDocument:
     if len(raw) > IMPORT_MAX_BYTES:
         raise ImportRefused(f"The file is larger than {IMPORT_MAX_BYTES // (1024 * 1024)} MB.")
     try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        raise ImportRefused("The file is not JSON: export a conversation as JSON and import that file.") from None
+        # An export saved again by an editor may start with a byte-order mark.
+        text = raw.decode("utf-8-sig")
+        data = untrusted_json.parse(text)
+    except ValueError:  # UnicodeDecodeError is one
+        raise ImportRefused(NOT_JSON) from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ImportRefused(f'The file is not a chatsite conversation (its "format" should be "{FORMAT}").')
     if data.get("version") != VERSION:
         raise ImportRefused(f"The file is version {data.get('version')!r}; this site reads version {VERSION}.")
     try:
         # Strict, from the JSON itself: "0.2" is no temperature, "3" no id.
-        document = ConversationDocument.model_validate_json(raw)
+        document = ConversationDocument.model_validate_json(text)
     except ValidationError as error:
         first = error.errors()[0]
+        if first["type"] == "json_invalid":  # nested deeper than pydantic's parser goes
+            raise ImportRefused(NOT_JSON) from None
         where = ".".join(str(part) for part in first["loc"])
         raise ImportRefused(f"The file has a bad value at {where}: {first['msg']}.") from None
     _check_tree(document)

@@ -26,8 +26,9 @@ from django_htmx.middleware import HtmxDetails
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from accounts.services import account_for, quota_for
-from generation import runtime, search, services, sse, transfer
+from generation import connection_limits, runtime, search, services, sse, transfer
 from generation.backends import backend
+from generation.connection_limits import TooManyConnections
 from generation.forms import (
     CONVERSATIONS_PER_PAGE,
     ConversationImportForm,
@@ -138,7 +139,20 @@ async def answer_stream(request: HttpRequest, stream_id: str) -> HttpResponseBas
         after = sse.resume_point(request)
     except ValueError:
         return HttpResponse(sse.RESUME_POINT_ERROR + "\n", status=400, content_type="text/plain; charset=utf-8")
-    return sse.response(_answer_chunks(message, after))
+    try:
+        held = connection_limits.streams.hold(user.pk)
+    except TooManyConnections as error:
+        return _too_many_streams(refusal_of(error))
+    return sse.response(connection_limits.held_open(held, _answer_chunks(message, after)))
+
+
+def _too_many_streams(refusal: Refusal) -> HttpResponse:
+    # EventSource gives up on a status other than 200; the page's SSE extension then opens
+    # it again after a growing delay (0.5 s doubling to a minute), so the answer shows up
+    # once one of the user's other streams has ended.
+    response = HttpResponse(refusal.words + "\n", status=429, content_type="text/plain; charset=utf-8")
+    response["Retry-After"] = str(refusal.retry_after)
+    return response
 
 
 async def _answer_chunks(message: Message, after: int) -> AsyncIterator[bytes]:

@@ -235,6 +235,20 @@ def test_csv_export_has_a_header_and_one_row_per_record(admin_client, alice, bob
     }
 
 
+@pytest.mark.parametrize("start", ["=", "+", "-", "@", "\t", "\r"])
+def test_csv_export_quotes_text_a_spreadsheet_would_run_as_a_formula(admin_client, alice, start):
+    alice.username = f"{start}HYPERLINK(1)"
+    alice.save()
+    record = usage(alice, prompt=3, model=f"{start}cmd|' /C calc'!A0")
+    response = admin_client.post(
+        reverse("admin:accounts_usagerecord_changelist"), {"action": "export_csv", ACTION_CHECKBOX_NAME: [record.pk]}
+    )
+
+    (row,) = csv.DictReader(io.StringIO(response.content.decode()))
+    assert row["user"] == f"'{start}HYPERLINK(1)" and row["model"] == f"'{start}cmd|' /C calc'!A0"
+    assert (row["id"], row["prompt_tokens"], row["channel"]) == (str(record.pk), "3", "api")  # the rest as they are
+
+
 def test_usage_changelist_links_to_per_day_totals(admin_client):
     page = admin_client.get(reverse("admin:accounts_usagerecord_changelist"), {"channel__exact": "api"})
     assert f'{reverse("admin:accounts_usagerecord_daily")}?channel__exact=api">Per-day totals' in page.content.decode()

@@ -175,10 +175,18 @@ def test_unknown_model_is_404(alice_key, fast_engine):
     ("body", "param"),
     [
         (b"{not json", None),
+        (b"[" * 100_000, None),  # deeper than any JSON parser goes
         ([1, 2], None),
         ({"model": MODEL}, "messages"),
         ({**CHAT, "messages": []}, "messages"),
         ({**CHAT, "messages": [{"role": "robot", "content": "x"}]}, "messages.0.role"),
+        ({**CHAT, "messages": [{"role": "user"}]}, "messages.0.content"),
+        (
+            {**CHAT, "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": None}]},
+            "messages.1.content",
+        ),
+        ({**CHAT, "messages": [{"role": "system"}, {"role": "user", "content": "Hi"}]}, "messages.0.content"),
+        ({**CHAT, "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant"}]}, "messages.1.content"),
         ({**CHAT, "temperature": "hot"}, "temperature"),
         ({**CHAT, "temperature": 3}, "temperature"),
         ({**CHAT, "top_p": 0}, "top_p"),
@@ -385,6 +393,64 @@ def test_bob_cannot_resume_cancel_or_see_alices_stream(alice_key, bob_key, fast_
     assert_error(get("/v1/streams/chatcmpl-unknown", alice_key), 404, "stream_not_found")
     bob_usage = get("/v1/usage", bob_key).json()
     assert bob_usage["tokens"]["used"] == 0
+
+
+def gone_stream(user, stream_id: str, status: str, completion_tokens: int = 0) -> str:
+    """The id of a completion the ledger has and the stream store no longer does."""
+    UsageRecord.objects.create(
+        user=user,
+        channel="api",
+        model=MODEL,
+        stream_id=stream_id,
+        status=status,
+        finish_reason="error" if status == "interrupted" else "stop",
+        completion_tokens=completion_tokens,
+    )
+    return f"chatcmpl-{stream_id}"
+
+
+def test_resuming_an_answer_the_server_stopped_says_so_with_how_far_it_got(alice, alice_key, stream_store):
+    completion_id = gone_stream(alice, "crashed1", "interrupted", completion_tokens=42)
+
+    events = sse(get(f"/v1/streams/{completion_id}", alice_key))
+
+    assert json.loads(events[-2][1])["error"] == {
+        "message": "This answer was interrupted (the server stopped) after 42 tokens; it will not be finished.",
+        "type": "server_error",
+        "param": None,
+        "code": "generation_failed",
+    }
+    assert events[-1] == (None, "[DONE]")
+
+
+def test_resuming_an_answer_interrupted_before_its_tokens_were_counted_says_so(alice, alice_key, stream_store):
+    completion_id = gone_stream(alice, "crashed2", "interrupted")  # the reaper counts none: unknown
+
+    events = sse(get(f"/v1/streams/{completion_id}", alice_key))
+
+    error = json.loads(events[-2][1])["error"]
+    assert error["message"] == "This answer was interrupted (the server stopped); it will not be finished."
+    assert events[-1] == (None, "[DONE]")
+
+
+def test_resuming_a_finished_stream_past_its_retention_says_it_has_expired(alice, alice_key, stream_store):
+    completion_id = gone_stream(alice, "finished1", "complete", completion_tokens=12)
+
+    events = sse(get(f"/v1/streams/{completion_id}", alice_key))
+
+    error = json.loads(events[-2][1])["error"]
+    assert (error["message"], error["code"]) == ("This stream has expired.", "stream_not_found")
+    assert events[-1] == (None, "[DONE]")
+
+
+def test_bob_learns_nothing_of_alices_interrupted_stream(alice, bob_key, stream_store):
+    completion_id = gone_stream(alice, "crashed3", "interrupted", completion_tokens=42)
+
+    alices = get(f"/v1/streams/{completion_id}", bob_key)
+    unknown = get("/v1/streams/chatcmpl-crashed4", bob_key)
+
+    assert alices.status_code == unknown.status_code == 404
+    assert alices.content == unknown.content.replace(b"crashed4", b"crashed3")
 
 
 def test_cancel_stops_a_running_generation(alice, alice_key, stream_store):

@@ -185,6 +185,31 @@ def test_what_django_refuses_around_the_api_is_an_error_object_and_a_page_elsewh
 # -- the request fields OpenAI documents ------------------------------------------------------
 
 
+@pytest.mark.parametrize("role", ["user", "system", "developer", "tool"])
+def test_a_message_without_content_is_a_400_naming_the_field_and_starts_nothing(alice, alice_key, fast_engine, role):
+    messages = [{"role": "user", "content": "Hello"}, {"role": role}]
+
+    error = assert_api_error(post("/v1/chat/completions", {**CHAT, "messages": messages}, alice_key), 400)
+
+    assert error == {
+        "message": f"messages.1.content: Field required in a {role} message",
+        "type": "invalid_request_error",
+        "param": "messages.1.content",
+        "code": None,
+    }
+    assert not UsageRecord.objects.filter(user=alice).exists()
+
+
+def test_only_an_assistant_message_that_calls_tools_may_leave_out_its_content():
+    call = {"id": "c1", "type": "function", "function": {"name": "now", "arguments": "{}"}}
+    calling = ChatCompletionRequest.model_validate_json(
+        json.dumps({**CHAT, "messages": [*CHAT["messages"], {"role": "assistant", "tool_calls": [call]}]})
+    )
+    assert calling.messages[1].content is None and calling.chat()[1]["content"] == ""
+    with pytest.raises(ValueError, match="Field required in an assistant message without tool_calls"):
+        ChatCompletionRequest.model_validate_json(json.dumps({**CHAT, "messages": [{"role": "assistant"}]}))
+
+
 @pytest.mark.parametrize(("path", "body"), [("/v1/chat/completions", CHAT), ("/v1/completions", TEXT)])
 def test_documented_fields_at_their_neutral_values_are_accepted(alice_key, fast_engine, path, body):
     neutral = NEUTRAL_CHAT if path.endswith("chat/completions") else NEUTRAL_TEXT

@@ -109,6 +109,7 @@ async def test_cancel_stops_the_generation(alice_client, conversation, stream_st
     [
         ("not json", "JSON"),
         ("[1, 2]", "JSON"),
+        ("[" * 100_000, "JSON"),  # deeper than Python's parser goes
         ('{"type": "dance"}', "type must be"),
         ('{"type": "generate"}', "Type a message first."),
         ('{"type": "generate", "prompt": 42}', "Type a message first."),

@@ -215,6 +215,8 @@ def changed(path: str, value: object) -> dict:
     [
         (b"{not json", "The file is not JSON"),
         (b"\xff\xfe", "The file is not JSON"),
+        (b"[" * 100_000, "The file is not JSON"),  # deeper than Python's parser goes
+        (json.dumps(good_document())[:-1].encode() + b', "x": ' + b"[" * 300 + b"]" * 300 + b"}", "not JSON"),
         (b"[1, 2]", "not a chatsite conversation"),
         (changed("format", "chatgpt"), "not a chatsite conversation"),
         (changed("version", 2), "The file is version 2; this site reads version 1."),
@@ -247,6 +249,15 @@ def test_a_bad_file_is_refused_with_the_reason_and_nothing_is_made(alice, alice_
     assert response.status_code == 400
     assert error in response.content.decode()
     assert not Conversation.objects.filter(user=alice).exists() and not Message.objects.exists()
+
+
+def test_an_export_saved_with_a_byte_order_mark_is_imported(alice, alice_client):
+    response = alice_client.post(
+        reverse("generation:your_data"), upload(b"\xef\xbb\xbf" + json.dumps(good_document()).encode())
+    )
+
+    copy = Conversation.objects.get(user=alice)
+    assert response.status_code == 302 and shown(copy) == ["Hi", "Hello"]
 
 
 def test_a_lone_surrogate_is_refused(alice, alice_client):
