@@ -45,13 +45,17 @@ run: $(VENV)/.installed
 	$(VENV)/bin/daphne --access-log /dev/null -e tcp:port=$(PORT):interface=127.0.0.1:backlog=4096 \
 	  chatsite.asgi:application
 
-# The whole suite; PYTEST_ARGS narrows it (CI's second pass: -m services). docs/testing.md.
+# The whole suite, a worker per core (pytest-xdist), each test file on one worker so that
+# its module's fixtures start once; PYTEST_ARGS narrows it (CI's second pass: -m services).
+# docs/testing.md has the tiers and the figures.
+PYTEST_WORKERS ?= auto
+PYTEST := $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile
 test: $(VENV)/.installed-dev
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PYTEST) $(PYTEST_ARGS)
 
-# For iteration: no process started, nothing slow, no browser (docs/testing.md).
+# For iteration: no process started, nothing slow, no browser.
 test-fast: $(VENV)/.installed-dev
-	$(PY) -m pytest -m "not e2e and not slow and not browser" $(PYTEST_ARGS)
+	$(PYTEST) -m "not e2e and not slow and not browser" $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .

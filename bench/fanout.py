@@ -42,7 +42,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,127 +50,22 @@ from urllib.parse import urlencode
 
 from inference.generators import SYNTHETIC_TEXT
 from tests.livesite import ROOT, ChatClient, LiveSite, daphne_endpoint, free_port, stop_process
+from tests.support.raw_http import (
+    HOST,
+    Counters,
+    Response,
+    http_request,
+    memory,
+    parse_block,
+    read_events,
+)
 
 RESULTS = Path(__file__).parent / "results" / "fanout.json"
-HOST = "127.0.0.1"
 PROMPT = "Tell me how streaming answers work."
 RSS_TARGET_MB = 600.0
 THROUGHPUT_TARGET = 0.8
-CONNECT_ATTEMPTS = 8
-# What a refused connect or a full listen backlog looks like from the client side.
-RETRYABLE = (ConnectionRefusedError, ConnectionResetError, ConnectionAbortedError, asyncio.IncompleteReadError)
 
 _children: list[subprocess.Popen[bytes]] = []
-
-
-class ChunkedDecoder:
-    """Incremental decoder of HTTP/1.1 chunked transfer coding (daphne streams with it)."""
-
-    def __init__(self) -> None:
-        self._buffer = b""
-        self._left = 0  # bytes of the current chunk still to come
-        self._crlf = False  # the CRLF after a chunk's data is still to come
-        self.finished = False
-
-    def feed(self, data: bytes) -> bytes:
-        buffer = self._buffer + data if self._buffer else data
-        out: list[bytes] = []
-        pos = 0
-        while not self.finished:
-            if self._left:
-                piece = buffer[pos : pos + self._left]
-                out.append(piece)
-                pos += len(piece)
-                self._left -= len(piece)
-                if self._left:
-                    break
-                self._crlf = True
-            if self._crlf:
-                if len(buffer) - pos < 2:
-                    break
-                pos += 2
-                self._crlf = False
-            end = buffer.find(b"\r\n", pos)
-            if end < 0:
-                break
-            size = int(buffer[pos:end].split(b";", 1)[0], 16)
-            pos = end + 2
-            if size == 0:
-                self.finished = True
-            self._left = size
-        self._buffer = buffer[pos:]
-        return b"".join(out)
-
-
-@dataclass
-class Response:
-    status: int
-    headers: dict[str, str]
-    reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
-
-    @property
-    def chunked(self) -> bool:
-        return "chunked" in self.headers.get("transfer-encoding", "").lower()
-
-    async def body(self) -> bytes:
-        """The whole body of a non-streaming response (the server closes the connection)."""
-        data = await self.reader.read()
-        self.close()
-        return ChunkedDecoder().feed(data) if self.chunked else data
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-@dataclass
-class Counters:
-    """Client-side trouble of one phase."""
-
-    retries: int = 0
-    timed_out: int = 0  # streams still open when the phase's timeout struck
-    retry_errors: dict[str, int] = field(default_factory=dict)
-
-
-async def http_request(
-    port: int, method: str, path: str, counters: Counters, headers: dict[str, str] | None = None, body: bytes = b""
-) -> Response:
-    """Send one request on a new connection and read the response head.
-
-    A refused or reset connection before any response byte is retried with backoff:
-    1000 clients at once can still overflow daphne's listen backlog, deep as it is (tests.livesite).
-    """
-    lines = [f"{method} {path} HTTP/1.1", f"Host: {HOST}:{port}", "Connection: close"]
-    lines += [f"{name}: {value}" for name, value in (headers or {}).items()]
-    if body or method == "POST":
-        lines.append(f"Content-Length: {len(body)}")
-    request = ("\r\n".join(lines) + "\r\n\r\n").encode() + body
-    delay = 0.05
-    for attempt in range(CONNECT_ATTEMPTS):
-        writer: asyncio.StreamWriter | None = None
-        try:
-            reader, writer = await asyncio.open_connection(HOST, port)
-            writer.write(request)
-            head = await reader.readuntil(b"\r\n\r\n")
-            break
-        except RETRYABLE as error:
-            if writer is not None:
-                writer.close()
-            if attempt == CONNECT_ATTEMPTS - 1:
-                raise
-            counters.retries += 1
-            name = type(error).__name__
-            counters.retry_errors[name] = counters.retry_errors.get(name, 0) + 1
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
-    assert writer is not None  # the loop either broke out connected or raised
-    status_line, *header_lines = head.decode("latin-1").split("\r\n")
-    parsed = {}
-    for line in header_lines:
-        if line:
-            name, _, value = line.partition(":")
-            parsed[name.strip().lower()] = value.strip()
-    return Response(int(status_line.split(" ", 2)[1]), parsed, reader, writer)
 
 
 @dataclass
@@ -208,47 +103,6 @@ class StreamResult:
     @property
     def text(self) -> str:
         return "".join(self.pieces)
-
-
-def parse_block(block: bytes) -> tuple[bytes, int | None, list[bytes]]:
-    """One SSE event block → (event type, id, data lines); no data lines for comments."""
-    kind = b"message"
-    seq: int | None = None
-    data: list[bytes] = []
-    for line in block.split(b"\n"):
-        if line.startswith(b"data:"):
-            data.append(line[6:] if line.startswith(b"data: ") else line[5:])
-        elif line.startswith(b"id:"):
-            seq = int(line[3:])
-        elif line.startswith(b"event:"):
-            kind = line[6:].strip()
-    return kind, seq, data
-
-
-async def read_events(response: Response, on_blocks: Callable[[float, list[bytes]], bool]) -> None:
-    """Feed complete SSE event blocks to `on_blocks` until it returns True or the body ends.
-
-    Events that arrive in one read share one timestamp: they reached us together.
-    """
-    decoder = ChunkedDecoder() if response.chunked else None
-    pending = b""
-    try:
-        while True:
-            data = await response.reader.read(65536)
-            if not data:
-                return
-            now = time.perf_counter()
-            if decoder is not None:
-                data = decoder.feed(data)
-            pending += data
-            if b"\n\n" in pending:
-                *blocks, pending = pending.split(b"\n\n")
-                if on_blocks(now, blocks):
-                    return
-            if decoder is not None and decoder.finished:
-                return
-    finally:
-        response.close()
 
 
 async def run_all(tasks: Iterable[Awaitable[None]], timeout: float) -> int:
@@ -451,6 +305,8 @@ def run_chatsite(args: argparse.Namespace) -> dict[str, Any]:
         "CHAT_SYNTHETIC_TOKENS_PER_S": str(args.rate),
         "GENERATION_MAX_CONCURRENT": str(args.streams + 24),
         "GENERATION_MAX_QUEUE": str(args.streams * 2),
+        # One user holds every stream and reader: no per-user limit in the way of the figure.
+        "CHAT_MAX_STREAMS_PER_USER": "100000",
     }
     with LiveSite(env=env) as site:
         assert site.process is not None
@@ -647,15 +503,6 @@ def process_cpu_s(pid: int) -> float:
     """User + system CPU seconds of a process, all its threads."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def memory(pid: int) -> dict[str, float]:
-    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
-    return {
-        "peak_rss_mb": int(status["VmHWM"].split()[0]) / 1024,
-        "rss_mb": int(status["VmRSS"].split()[0]) / 1024,
-        "threads": int(status["Threads"]),
-    }
 
 
 def start_watchdog(

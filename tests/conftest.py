@@ -1,10 +1,10 @@
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import time
 import uuid
+from asyncio import events as asyncio_events
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -13,6 +13,7 @@ from django.conf import settings as django_settings
 from django.test import Client
 
 from accounts import rate_limit
+from accounts.models import DEFAULT_PLAN, Plan
 from generation import backends, runtime
 from generation.database import close_connections
 from inference.engine import Engine
@@ -20,9 +21,10 @@ from inference.generators import Generator, SyntheticGenerator, load_generator
 from inference.registry import resolve_model
 from inference.streams import InMemoryStreamStore, StreamEvent
 from tests.livesite import STARTED, LiveSite
+from tests.support import PASSWORD
+from tests.support.eager import EagerEngine
 from tests.support.sites import LiveSites
 
-PASSWORD = "correct-horse-battery-staple"
 E2E = Path(__file__).resolve().parent / "e2e"
 
 
@@ -57,6 +59,25 @@ def _database_threads_close_their_connections(django_db_setup):
     # They keep their connections between tasks; the test database is dropped with none open.
     yield
     close_connections()
+
+
+@pytest.fixture(autouse=True)
+def _migrated_rows(request) -> None:
+    # Tests with `transaction=True` end by flushing every table, the default plan that
+    # migrate made included; with pytest-xdist a worker may run a module of such tests
+    # before one that counts on the plan, so each database test starts with it.
+    if request.node.get_closest_marker("django_db"):
+        Plan.objects.get_or_create(name=DEFAULT_PLAN)
+
+
+@pytest.fixture(autouse=True)
+def _no_event_loop_left_running() -> Iterator[None]:
+    # A test that leaves an event loop marked running in the main thread makes every later
+    # test on its worker fail with SynchronousOnlyOperation: name the culprit instead.
+    yield
+    if asyncio_events._get_running_loop() is not None:
+        asyncio_events._set_running_loop(None)
+        pytest.fail("the test left an event loop running in the main thread")
 
 
 @pytest.fixture(autouse=True)
@@ -163,6 +184,18 @@ def fast_engine(stream_store) -> Iterator[Engine]:
     engine.stop(timeout=10)
 
 
+@pytest.fixture
+def eager_engine(stream_store) -> Engine:
+    """The synthetic model generating in the test's own thread (tests.support.eager): the
+    answer is saved on the test's connection, so the test needs no `transaction=True`."""
+    engine = EagerEngine(
+        lambda: SyntheticGenerator(tokens_per_s=5000, answer_words=12), stream_store, producer=runtime.PRODUCER
+    )
+    engine.start()
+    runtime._engines[django_settings.CHAT_MODEL] = engine
+    return engine
+
+
 def wait_for_terminal(store: InMemoryStreamStore, stream_id: str, timeout: float = 60) -> list[StreamEvent]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -201,6 +234,17 @@ def cache_site(live_sites) -> LiveSite:
     return live_sites.site({"CHAT_RESPONSE_CACHE": "user"})
 
 
+def pytest_sessionfinish(session) -> None:
+    worker_output = getattr(session.config, "workeroutput", None)
+    if worker_output is not None:  # a pytest-xdist worker: its counts go to the controller
+        worker_output["processes_started"] = dict(STARTED)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    STARTED.update(getattr(node, "workeroutput", {}).get("processes_started", {}))
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     started = ", ".join(f"{count} {kind}" for kind, count in sorted(STARTED.items())) or "none"
     terminalreporter.write_line(f"processes started by the tests: {sum(STARTED.values())} ({started})")
@@ -233,15 +277,3 @@ def browser():
         )
         yield browser
         browser.close()
-
-
-def sign_up(page, username: str) -> None:
-    """Sign up through the real page, as a person would; it lands on /chat/."""
-    from playwright.sync_api import expect
-
-    page.goto("/accounts/signup/")
-    page.fill("[name=username]", username)
-    page.fill("[name=password1]", PASSWORD)
-    page.fill("[name=password2]", PASSWORD)
-    page.get_by_role("button", name="Sign up").click()
-    expect(page).to_have_url(re.compile(r"/chat/$"))

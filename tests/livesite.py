@@ -419,6 +419,21 @@ class ChatClient:
         return json.loads(event.data)["delta"]
 
 
+def user_with_api_key(site: LiveSite, username: str) -> str:
+    """Sign `username` up on `site` through its pages, and make them an API key (manage.py)."""
+    ChatClient(site.base_url).signup(username)
+    STARTED["manage.py create_api_key"] += 1
+    done = subprocess.run(
+        [sys.executable, "manage.py", "create_api_key", username, "--name", "tests"],
+        cwd=site.root,
+        env=site.env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.strip()
+
+
 ACCOUNT_WITH_LIMITS = """
 import json, os, uuid
 from django.contrib.auth import get_user_model

@@ -173,7 +173,9 @@ def test_synthetic_batch_keeps_its_rate_for_many_streams():
         assert wait_for_terminal(store, f"s{n}")[-1].data["usage"]["completion_tokens"] == 20
     elapsed = time.monotonic() - started
     engine.stop(5)
-    assert 0.19 < elapsed < 1.5  # 20 words at 100/s each, all 200 side by side
+    # 20 words at 100/s each take 0.2 s at least; all 200 side by side take about that (one
+    # after another would take 40 s): a bound far above the quiet figure, far below serial.
+    assert 0.19 < elapsed < 4.0
 
 
 def test_a_waiting_generation_cancelled_leaves_the_queue_at_once():
@@ -228,6 +230,7 @@ def test_jobs_joining_a_batch_are_checked_for_cancellation_in_the_steps_one_look
     assert all(look == ["a", "c"] for look in store.looks[1:])  # then the rows running
 
 
+@pytest.mark.slow  # bfloat16 matrix products without hardware support: about a minute
 def test_bfloat16_batches_answer_like_the_model_alone():
     """In bfloat16 (the default on CPUs with bfloat16 arithmetic) a row's rounding depends
     on the batch's shape, so an answer may part from the one it gets alone: where two

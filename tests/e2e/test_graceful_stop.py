@@ -105,7 +105,9 @@ def test_sigterm_lets_the_answers_under_way_finish_interrupts_the_rest_and_exits
     assert len(short.text().split()) == 30 and short.lines[-1] == "[DONE]"
     assert [c["choices"][0]["finish_reason"] for c in short.chunks() if c.get("choices")][-1] == "length"
     # The long one was interrupted after the grace period, its text kept in the ledger.
-    assert exit_code == 0 and 2.5 < took_s < 15
+    # It waits out GRACEFUL_TIMEOUT (3 s), then exits: about 3.5 s on a quiet machine.
+    assert exit_code == 0
+    assert 2.5 < took_s < 30
     statuses = sorted(status for status, _ in ledger.values())
     assert statuses == ["complete", "interrupted"]
     (interrupted_tokens,) = [tokens for status, tokens in ledger.values() if status == "interrupted"]

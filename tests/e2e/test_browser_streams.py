@@ -6,19 +6,15 @@ sample of the page can be checked against the exact text it must be a prefix of.
 
 from __future__ import annotations
 
-import itertools
-import re
 import time
 
 import pytest
 from playwright.sync_api import expect
 
-from inference.generators import SYNTHETIC_TEXT
-from tests.conftest import sign_up
+from tests.support.browser import FULL_ANSWER, start_answer, text_of, wait_for_words
 from tests.tcp_proxy import FlakyProxy
 
 RATE = 50
-FULL_ANSWER = " ".join(itertools.islice(itertools.cycle(SYNTHETIC_TEXT.split()), 512))  # max_tokens default
 SYNTHETIC_ENV = {"CHAT_ENABLE_SYNTHETIC": "1", "CHAT_MODEL": "synthetic", "CHAT_SYNTHETIC_TOKENS_PER_S": str(RATE)}
 
 
@@ -41,18 +37,6 @@ def page(browser, proxy):
     context.close()
 
 
-def start_answer(page, username: str):
-    sign_up(page, username)
-    page.get_by_label("Message").fill("Stream something long")
-    page.get_by_role("button", name="Send").click()
-    expect(page).to_have_url(re.compile(r"/chat/[0-9a-f-]{36}/$"))
-    return page.locator("article[data-role=assistant]").last
-
-
-def text_of(answer) -> str:
-    return answer.locator(".message-body").text_content() or ""
-
-
 def watch(answer, seconds: float) -> list[str]:
     """Sample the answer's text for a while; each sample must extend the one before."""
     samples = []
@@ -67,13 +51,6 @@ def assert_continuous(samples: list[str]) -> None:
     for sample in samples:
         assert FULL_ANSWER.startswith(sample), f"duplicated or missing text: {sample[-80:]!r}"
     assert samples == sorted(samples, key=len)
-
-
-def wait_for_words(answer, count: int) -> None:
-    deadline = time.monotonic() + 30
-    while len(text_of(answer).split()) < count:
-        assert time.monotonic() < deadline, "the answer did not grow"
-        time.sleep(0.05)
 
 
 def test_reload_mid_answer_shows_the_text_so_far_and_continues_to_complete(page):

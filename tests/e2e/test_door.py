@@ -17,6 +17,8 @@ import pytest
 from inference.generators import SYNTHETIC_TEXT
 from tests.livesite import run_async, unlimited_api_key
 
+pytestmark = pytest.mark.slow  # a burst of 256 streams
+
 BURST = 256
 TOKENS = 8
 EXPECTED = " ".join(itertools.islice(itertools.cycle(SYNTHETIC_TEXT.split()), TOKENS))
@@ -27,6 +29,8 @@ SITE_ENV = {
     # Room for the whole burst at once, generating and waiting: the test is about the door.
     "GENERATION_MAX_CONCURRENT": str(BURST),
     "GENERATION_MAX_QUEUE": str(BURST),
+    # One user opens the whole burst: past the per-user stream limit it would be refused.
+    "CHAT_MAX_STREAMS_PER_USER": str(BURST),
 }
 
 

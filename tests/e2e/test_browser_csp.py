@@ -5,17 +5,10 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from tests.conftest import sign_up
-from tests.test_browser_streams import wait_for_words
+from tests.support.browser import REPORT_VIOLATIONS, sign_up, wait_for_words
 
 SYNTHETIC_ENV = {"CHAT_ENABLE_SYNTHETIC": "1", "CHAT_MODEL": "synthetic", "CHAT_SYNTHETIC_TOKENS_PER_S": "100"}
 # Reports every violation to the test: through a binding, which the page's policy doesn't govern.
-REPORT_VIOLATIONS = """
-document.addEventListener("securitypolicyviolation", (event) => {
-  const where = `${event.sourceFile}:${event.lineNumber}`;
-  window.reportViolation(`${event.effectiveDirective} blocked ${event.blockedURI || "inline"} at ${where}`);
-}, true);
-"""
 
 
 @pytest.fixture(scope="module")

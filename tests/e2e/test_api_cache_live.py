@@ -5,14 +5,16 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.test_api_live import MODEL, make_user_with_key
+from tests.livesite import user_with_api_key
+
+MODEL = "smollm2-135m-instruct"
 
 QUESTION = [{"role": "user", "content": "Name three colours."}]
 
 
 @pytest.fixture(scope="module")
 def client(cache_site) -> openai.OpenAI:
-    key = make_user_with_key(cache_site, "api-cache-alice")
+    key = user_with_api_key(cache_site, "api-cache-alice")
     return openai.OpenAI(base_url=f"{cache_site.base_url}/v1", api_key=key, max_retries=0)
 
 

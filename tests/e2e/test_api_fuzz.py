@@ -24,6 +24,8 @@ from api.openapi import openapi_document
 from inference.upstream import PASSTHROUGH_FIELDS
 from tests.livesite import unlimited_api_key
 
+pytestmark = pytest.mark.slow  # hundreds of generated requests
+
 FUZZ_ENV = {"CHAT_ENABLE_SYNTHETIC": "1", "CHAT_MODEL": "synthetic", "CHAT_SYNTHETIC_TOKENS_PER_S": "20000"}
 EXAMPLES_PER_OPERATION = 100  # at most; a small operation runs out of new requests sooner
 MIN_REQUESTS = 500

@@ -10,8 +10,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from tests.test_browser_queue import stop
-from tests.test_browser_streams import start_answer, wait_for_words
+from tests.support.browser import start_answer, stop, wait_for_words
 
 FAIR_ENV = {
     "CHAT_ENABLE_SYNTHETIC": "1",

@@ -8,7 +8,7 @@ import time
 import pytest
 from playwright.sync_api import expect
 
-from tests.conftest import sign_up
+from tests.support.browser import sign_up
 
 
 @pytest.fixture

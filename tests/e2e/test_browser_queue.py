@@ -11,8 +11,7 @@ import re
 import pytest
 from playwright.sync_api import expect
 
-from tests.conftest import sign_up
-from tests.test_browser_streams import FULL_ANSWER, start_answer, text_of, wait_for_words
+from tests.support.browser import FULL_ANSWER, sign_up, start_answer, stop, text_of, wait_for_words
 
 QUEUE_ENV = {
     "CHAT_ENABLE_SYNTHETIC": "1",
@@ -40,11 +39,6 @@ def open_page(browser, queue_site):
     yield open_page
     for context in contexts:
         context.close()
-
-
-def stop(page) -> None:
-    page.get_by_role("button", name="Stop").click()
-    expect(page.locator("article[data-role=assistant]").last).to_have_attribute("data-status", "stopped")
 
 
 def test_waiting_answers_show_their_place_then_stream_in_turn(open_page):

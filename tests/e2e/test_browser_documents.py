@@ -8,8 +8,8 @@ import re
 import pytest
 from playwright.sync_api import expect
 
-from tests.conftest import sign_up
 from tests.documents.corpus import DOCUMENTS
+from tests.support.browser import sign_up
 
 SYNTHETIC_ENV = {"CHAT_ENABLE_SYNTHETIC": "1", "CHAT_MODEL": "synthetic", "CHAT_SYNTHETIC_TOKENS_PER_S": "400"}
 # Big enough for the upload to report progress on its way: the tides text, then padding.

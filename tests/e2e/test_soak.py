@@ -22,9 +22,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from bench.fanout import Counters, http_request, memory, parse_block, read_events
 from inference.generators import SYNTHETIC_TEXT
 from tests.livesite import log_errors, run_async, unlimited_api_key
+from tests.support.raw_http import Counters, http_request, memory, parse_block, read_events
+
+pytestmark = pytest.mark.slow  # a minute of load by design
 
 SECONDS = int(os.environ.get("SOAK_SECONDS", "60"))  # of new generations; longer by hand
 STARTS_PER_S = 2
@@ -53,6 +55,8 @@ SITE_ENV = {
     "CHAT_SYNTHETIC_TOKENS_PER_S": str(TOKENS_PER_S),
     # Room for every stream at once: a queued one would get `status` events in its sequence.
     "GENERATION_MAX_CONCURRENT": "256",
+    # One user holds every stream and reader open: the per-user limit would refuse most.
+    "CHAT_MAX_STREAMS_PER_USER": "10000",
     # The in-memory store even when the suite runs on Redis: through Redis, opening 46
     # streams a second outruns 2 loaded cores (docs/operations.md). SOAK_REDIS_URL tries it.
     "REDIS_URL": os.environ.get("SOAK_REDIS_URL", ""),

@@ -15,9 +15,9 @@ import sys
 import pytest
 from playwright.sync_api import expect
 
-from tests.conftest import PASSWORD, sign_up
 from tests.livesite import ROOT
-from tests.test_browser_csp import REPORT_VIOLATIONS
+from tests.support import PASSWORD
+from tests.support.browser import REPORT_VIOLATIONS, sign_up
 
 SYNTHETIC_ENV = {"CHAT_ENABLE_SYNTHETIC": "1", "CHAT_MODEL": "synthetic", "CHAT_SYNTHETIC_TOKENS_PER_S": "50"}
 CONVERSATION_URL = re.compile(r"/chat/[0-9a-f-]{36}/$")
