@@ -56,6 +56,19 @@ class ToolCall(Strict):
 
 
 class ChatMessage(Strict):
+    # The rule of _content_given, in the document: content, or an assistant's tool_calls.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                {"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}},
+                {
+                    "required": ["role", "tool_calls"],
+                    "properties": {"role": {"const": "assistant"}, "tool_calls": {"type": "array", "minItems": 1}},
+                },
+            ]
+        }
+    )
+
     role: Literal["system", "developer", "user", "assistant", "tool"]
     # A tool round trip: the assistant's calls, and a tool message answering one of them.
     # Before content, whose check reads them.

@@ -2,10 +2,9 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 import uuid
 from asyncio import events as asyncio_events
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,10 +18,11 @@ from generation.database import close_connections
 from inference.engine import Engine
 from inference.generators import Generator, SyntheticGenerator, load_generator
 from inference.registry import resolve_model
-from inference.streams import InMemoryStreamStore, StreamEvent
+from inference.streams import InMemoryStreamStore
 from tests.livesite import STARTED, LiveSite
 from tests.support import PASSWORD
 from tests.support.eager import EagerEngine
+from tests.support.engines import install_engine
 from tests.support.sites import LiveSites
 
 E2E = Path(__file__).resolve().parent / "e2e"
@@ -161,14 +161,6 @@ def smollm() -> Generator:
     )
 
 
-def install_engine(store: InMemoryStreamStore, generator: Generator, **kwargs) -> Engine:
-    engine = Engine(lambda: generator, store, producer=runtime.PRODUCER, **kwargs)
-    engine.start()
-    assert engine.wait_ready(30)
-    runtime._engines[django_settings.CHAT_MODEL] = engine
-    return engine
-
-
 @pytest.fixture
 def real_engine(stream_store, smollm) -> Iterator[Engine]:
     engine = install_engine(stream_store, smollm)
@@ -194,24 +186,6 @@ def eager_engine(stream_store) -> Engine:
     engine.start()
     runtime._engines[django_settings.CHAT_MODEL] = engine
     return engine
-
-
-def wait_for_terminal(store: InMemoryStreamStore, stream_id: str, timeout: float = 60) -> list[StreamEvent]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        events = store.events(stream_id)
-        if events and events[-1].terminal:
-            return events
-        time.sleep(0.01)
-    raise AssertionError(f"stream {stream_id} did not end within {timeout} s")
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.01)
 
 
 @pytest.fixture(scope="session")

@@ -4,33 +4,19 @@ import csv
 import datetime as dt
 import io
 import re
-import uuid
 
 import pytest
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.urls import reverse
-from django.utils import timezone
 
-from accounts.models import Plan, UsageRecord
+from accounts.models import Plan
 from accounts.services import account_for, api_key_create, usage_rollup
 from generation.models import Conversation, Message
 from generation.services import generation_admit
 from inference.generators import GenerationParams
+from tests.support.usage import usage
 
 pytestmark = pytest.mark.django_db
-
-
-def usage(user, *, day: dt.date | None = None, prompt: int = 0, completion: int = 0, **fields) -> UsageRecord:
-    when = timezone.now() if day is None else dt.datetime.combine(day, dt.time(12), tzinfo=dt.UTC)
-    fields = {"channel": "api", "model": "synthetic", "status": "complete", **fields}
-    return UsageRecord.objects.create(
-        user=user,
-        stream_id=fields.pop("stream_id", uuid.uuid4().hex),
-        prompt_tokens=prompt,
-        completion_tokens=completion,
-        created_at=when,
-        **fields,
-    )
 
 
 def roll_up_march_2025() -> None:

@@ -12,7 +12,7 @@ from django.test import RequestFactory
 from django.urls import reverse
 
 from accounts.client_address import client_ip
-from tests.conftest import PASSWORD
+from tests.support import PASSWORD
 
 pytestmark = pytest.mark.django_db
 

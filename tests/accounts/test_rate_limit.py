@@ -16,6 +16,7 @@ from accounts.services import QuotaExceeded, account_for, quota_for, usage_reque
 
 REDIS_URL = os.environ.get("REDIS_URL")
 needs_redis = pytest.mark.skipif(not REDIS_URL, reason="needs REDIS_URL (a real Redis)")
+pytestmark = pytest.mark.services  # the Redis request log: CI's second pass runs it
 # 12:00:58 UTC: two seconds before a minute's edge, where a fixed window started afresh.
 T0 = dt.datetime(2026, 11, 30, 12, 0, 58, tzinfo=dt.UTC).timestamp()
 

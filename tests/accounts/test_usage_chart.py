@@ -11,7 +11,7 @@ from django.utils import timezone
 from accounts.models import DEFAULT_PLAN, Plan
 from accounts.services import account_for
 from accounts.usage_chart import tokens_per_day_per_plan, usage_chart
-from tests.accounts.test_admin import usage
+from tests.support.usage import usage
 
 pytestmark = pytest.mark.django_db
 

@@ -13,7 +13,11 @@ from django.core.asgi import get_asgi_application
 from accounts.services import api_key_create
 from chatsite.cache import RedisCache
 
-pytestmark = pytest.mark.skipif(not os.environ.get("REDIS_URL"), reason="needs REDIS_URL (a real Redis)")
+# Redis itself: CI's second pass runs it (tests marked services).
+pytestmark = [
+    pytest.mark.services,
+    pytest.mark.skipif(not os.environ.get("REDIS_URL"), reason="needs REDIS_URL (a real Redis)"),
+]
 
 
 REDIS_CACHES = {

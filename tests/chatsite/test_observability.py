@@ -17,7 +17,7 @@ from prometheus_client import REGISTRY
 from accounts.services import api_key_create
 from chatsite.observability import RequestLog, route_of
 from generation import logs
-from tests.generation.test_api import CHAT, post
+from tests.support.api_client import CHAT, post
 
 # The engine's thread saves the usage record: it must see the test's rows.
 pytestmark = pytest.mark.django_db(transaction=True)

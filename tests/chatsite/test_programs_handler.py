@@ -17,9 +17,9 @@ from django.db.backends.signals import connection_created
 from accounts.services import api_key_create
 from chatsite.handlers import ProgramsHandler
 from generation.database import THREAD_NAME, close_connections
-from tests.conftest import wait_for_terminal
-from tests.generation.test_answer_stream import get_stream
-from tests.generation.test_api import MODEL
+from tests.support.api_client import MODEL
+from tests.support.engines import wait_for_terminal
+from tests.support.streams import get_stream
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

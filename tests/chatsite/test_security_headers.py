@@ -13,8 +13,9 @@ from django.urls import reverse
 from accounts.services import api_key_create
 from chatsite.handlers import ProgramsHandler
 from generation import services
-from tests.conftest import PASSWORD, wait_for_terminal
-from tests.generation.test_answer_stream import get_stream, session_headers
+from tests.support import PASSWORD
+from tests.support.engines import wait_for_terminal
+from tests.support.streams import get_stream, session_headers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

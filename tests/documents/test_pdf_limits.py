@@ -12,7 +12,7 @@ from documents.extraction import UnreadableDocument, text_of
 from documents.models import Document, Passage
 from generation.models import Conversation
 from tests.documents.pdfs import many_tiny_operators_pdf, pdf_of_shared_stream, pdf_with_text
-from tests.documents.test_upload import upload
+from tests.support.uploads import upload
 
 # The costly file takes about a minute to read in full; with a 1 s deadline the refusal
 # comes after that second and a child's start (0.2 s). The bound leaves a margin of 10x.

@@ -14,9 +14,9 @@ from generation import routing, services
 from generation.models import Conversation, Message
 from inference.engine import EngineOverloaded
 from inference.generators import SyntheticGenerator
-from tests.conftest import install_engine, wait_for_terminal
 from tests.documents.corpus import DOCUMENTS
-from tests.generation.test_answer_stream import get_stream, parse_sse, session_headers
+from tests.support.engines import install_engine, wait_for_terminal
+from tests.support.streams import get_stream, parse_sse, session_headers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

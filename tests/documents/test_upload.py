@@ -11,6 +11,7 @@ from documents.models import Document, Passage
 from documents.services import document_limits
 from generation.models import Conversation
 from tests.documents.pdfs import encrypted_pdf, pdf_with_text
+from tests.support.uploads import upload
 
 pytestmark = pytest.mark.django_db
 
@@ -21,11 +22,6 @@ NOTES = "# Lighthouses\n\nKeepers trimmed the wicks every night.\n\nFresnel lens
 @pytest.fixture
 def conversation(alice):
     return Conversation.objects.create(user=alice, model="smollm2-135m-instruct", title="Notes")
-
-
-def upload(client, conversation, name: str, data: bytes, **extra):
-    url = reverse("documents:upload", args=[conversation.id])
-    return client.post(url, {"file": SimpleUploadedFile(name, data)}, **{**HTMX, **extra})
 
 
 def attach(client, conversation, name: str = "notes.md", data: bytes = NOTES.encode()) -> Document:

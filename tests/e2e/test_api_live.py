@@ -11,8 +11,8 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import wait_until
 from tests.livesite import ROOT, LiveSite, user_with_api_key
+from tests.support.engines import wait_until
 
 MODEL = "smollm2-135m-instruct"
 HELLO = [{"role": "user", "content": "Write a short poem about rivers."}]

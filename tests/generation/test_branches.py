@@ -12,7 +12,7 @@ from django.urls import reverse
 from generation import services
 from generation.models import Conversation, Message
 from generation.selectors import MessageTree, thread
-from tests.generation.test_conversations import HTMX, answered, fast_engine, newest_answer, seen, settle
+from tests.support.chat import HTMX, answered, fast_engine, newest_answer, seen, settle
 
 __all__ = ["fast_engine", "seen"]  # fixtures, used by name
 

@@ -24,7 +24,7 @@ from inference.backend import GenerationTask
 from inference.engine import EngineOverloaded, GenerationResult
 from inference.generators import GenerationParams, SyntheticGenerator, load_chat_tokenizer
 from inference.registry import resolve_model
-from tests.conftest import install_engine, wait_for_terminal, wait_until
+from tests.support.engines import install_engine, wait_for_terminal, wait_until
 
 # The engine's threads write while tests read: no test-wide transaction holding locks.
 pytestmark = pytest.mark.django_db(transaction=True)

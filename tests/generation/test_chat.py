@@ -8,7 +8,8 @@ from generation import services
 from generation.forms import MAX_PROMPT_CHARS
 from generation.models import Conversation, Message
 from inference.engine import EngineOverloaded
-from tests.conftest import PASSWORD, wait_for_terminal
+from tests.support import PASSWORD
+from tests.support.engines import wait_for_terminal
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -15,8 +15,8 @@ from generation import connection_limits, routing, services
 from generation.connection_limits import ConnectionCounter, MessageRate, TooManyConnections, Verdict
 from generation.consumers import POLICY_VIOLATION, TOO_MANY_SOCKETS
 from generation.models import Conversation
-from tests.conftest import wait_for_terminal
-from tests.generation.test_answer_stream import get_stream, session_headers
+from tests.support.engines import wait_for_terminal
+from tests.support.streams import get_stream, session_headers
 
 ORIGIN = (b"origin", b"http://localhost")
 CHAT = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "Hello"}]}

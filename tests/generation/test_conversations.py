@@ -14,38 +14,13 @@ from accounts.services import account_for
 from generation import services
 from generation.models import Conversation, Message
 from inference.generators import SyntheticGenerator
-from tests.conftest import PASSWORD, install_engine, wait_for_terminal, wait_until
+from tests.support import PASSWORD
+from tests.support.chat import HTMX, answered, fast_engine, newest_answer, seen, settle
+from tests.support.engines import install_engine, wait_for_terminal, wait_until
+
+__all__ = ["fast_engine", "seen"]  # fixtures, used by name
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-HTMX = {"HTTP_HX_REQUEST": "true"}
-
-
-@pytest.fixture
-def fast_engine(stream_store):
-    """The synthetic model at 50 words/s, 12 words an answer.
-
-    Slower than conftest's: an answer must not finish while the view that started it is
-    still reading, because the test database (SQLite, shared cache) locks a table for
-    the engine thread's write while another connection reads it.
-    """
-    engine = install_engine(stream_store, SyntheticGenerator(tokens_per_s=50, answer_words=12))
-    yield engine
-    engine.stop(timeout=10)
-
-
-@pytest.fixture
-def seen(fast_engine, monkeypatch) -> list[tuple[list[dict], object]]:
-    """What the model was given: (messages, params) for each generation."""
-    calls: list[tuple[list[dict], object]] = []
-    original = fast_engine.submit
-
-    def submit(job):
-        calls.append((job.prompt, job.params))
-        return original(job)
-
-    monkeypatch.setattr(fast_engine, "submit", submit)
-    return calls
 
 
 @pytest.fixture
@@ -53,39 +28,6 @@ def slow_engine(stream_store):
     engine = install_engine(stream_store, SyntheticGenerator(tokens_per_s=20, answer_words=64))
     yield engine
     engine.stop(timeout=10)
-
-
-def answered(user, *prompts: str, title: str = "") -> tuple[Conversation, list[Message]]:
-    """A conversation of `user` whose prompts were each answered to completion."""
-    conversation = services.conversation_create(user=user)
-    answers = []
-    for prompt in prompts:
-        _, answer = services.message_send(conversation=conversation, prompt=prompt)
-        wait_for_terminal(_store(), answer.stream_id)
-        answer.refresh_from_db()
-        answers.append(answer)
-    if title:
-        Conversation.objects.filter(pk=conversation.pk).update(title=title)
-        conversation.refresh_from_db()
-    return conversation, answers
-
-
-def _store():
-    from generation import runtime
-
-    return runtime.stream_store()
-
-
-def newest_answer(conversation: Conversation) -> Message:
-    answer = conversation.messages.filter(role=Message.Role.ASSISTANT).last()
-    assert answer is not None
-    return answer
-
-
-def settle(answer: Message) -> Message:
-    wait_for_terminal(_store(), answer.stream_id)
-    answer.refresh_from_db()
-    return answer
 
 
 def shown_articles(page: str) -> list[str]:

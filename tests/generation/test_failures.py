@@ -20,9 +20,9 @@ from inference.engine import GenerationResult, Job, failure_message
 from inference.generators import GenerationParams, SyntheticGenerator
 from inference.streams import InMemoryStreamStore
 from inference.upstream import UpstreamPool, endpoint_from_json
-from tests.conftest import install_engine, wait_for_terminal
-from tests.generation.test_answer_stream import answer_in_new_conversation, get_stream, parse_sse, session_headers
-from tests.generation.test_api import CHAT, post, sse
+from tests.support.api_client import CHAT, post, sse
+from tests.support.engines import install_engine, wait_for_terminal
+from tests.support.streams import answer_in_new_conversation, get_stream, parse_sse, session_headers
 from tests.upstreams import ScriptedServer, event_stream
 
 pytestmark = pytest.mark.django_db(transaction=True)

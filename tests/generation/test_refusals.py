@@ -16,10 +16,10 @@ from api import views as api_views
 from generation import services
 from generation.models import Conversation, Message
 from inference.generators import GenerationParams, SyntheticGenerator
-from tests.conftest import install_engine, wait_for_terminal
-from tests.generation.test_answer_stream import session_headers
-from tests.generation.test_api import CHAT, MODEL, assert_error, get, post
-from tests.generation.test_socket import ORIGIN, socket
+from tests.support.api_client import CHAT, MODEL, assert_error, get, post
+from tests.support.engines import install_engine, wait_for_terminal
+from tests.support.sockets import ORIGIN, socket
+from tests.support.streams import session_headers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -17,8 +17,8 @@ from generation.models import Conversation, Message
 from generation.response_cache import CachedAnswer, response_cache_key, response_cache_lookup
 from generation.services import message_regenerate, message_send
 from inference.generators import SYNTHETIC_TEXT, GenerationParams, SyntheticGenerator
-from tests.conftest import install_engine, wait_for_terminal
-from tests.generation.test_api import MODEL, get, post, sse
+from tests.support.api_client import MODEL, get, post, sse
+from tests.support.engines import install_engine, wait_for_terminal
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -6,20 +6,13 @@ import pytest
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 
-from generation import routing
 from generation.models import Conversation, Message
 from inference.generators import SyntheticGenerator
-from tests.conftest import install_engine
-from tests.generation.test_answer_stream import answer_in_new_conversation, session_headers
+from tests.support.engines import install_engine
+from tests.support.sockets import ORIGIN, socket
+from tests.support.streams import answer_in_new_conversation, session_headers
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-ORIGIN = (b"origin", b"http://localhost")
-
-
-def socket(conversation_id, headers) -> WebsocketCommunicator:
-    application = routing.websocket_application
-    return WebsocketCommunicator(application, f"/ws/chat/{conversation_id}/", headers=headers)
 
 
 async def receive_until_terminal(communicator: WebsocketCommunicator) -> list[dict]:
@@ -85,7 +78,7 @@ async def test_a_waiting_generation_hears_its_place_in_the_queue_then_streams(
 
 async def test_cancel_stops_the_generation(alice_client, conversation, stream_store):
     from inference.generators import SyntheticGenerator
-    from tests.conftest import install_engine
+    from tests.support.engines import install_engine
 
     engine = await database_sync_to_async(install_engine)(stream_store, SyntheticGenerator(20, answer_words=64))
     communicator = socket(conversation.id, [*session_headers(alice_client), ORIGIN])
@@ -150,7 +143,7 @@ async def test_foreign_origin_is_refused(alice_client, conversation, fast_engine
 
 async def test_second_generate_while_streaming_is_refused(alice_client, conversation, stream_store):
     from inference.generators import SyntheticGenerator
-    from tests.conftest import install_engine
+    from tests.support.engines import install_engine
 
     engine = await database_sync_to_async(install_engine)(stream_store, SyntheticGenerator(20, answer_words=64))
     communicator = socket(conversation.id, [*session_headers(alice_client), ORIGIN])

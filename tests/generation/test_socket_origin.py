@@ -8,7 +8,7 @@ from channels.testing import WebsocketCommunicator
 from generation import routing
 from generation.models import Conversation
 from generation.origins import socket_origin_allowed
-from tests.generation.test_answer_stream import session_headers
+from tests.support.streams import session_headers
 
 SITE = "localhost:8000"
 

@@ -13,8 +13,8 @@ from accounts.models import UsageRecord
 from accounts.services import api_key_create
 from generation import reaping, runtime, services
 from generation.models import Conversation, Message
-from tests.conftest import wait_for_terminal, wait_until
-from tests.generation.test_answer_stream import get_stream, parse_sse, session_headers
+from tests.support.engines import wait_for_terminal, wait_until
+from tests.support.streams import get_stream, parse_sse, session_headers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -24,7 +24,7 @@ HTMX = {"HTTP_HX_REQUEST": "true"}
 @pytest.fixture
 def slow_engine(stream_store):
     from inference.generators import SyntheticGenerator
-    from tests.conftest import install_engine
+    from tests.support.engines import install_engine
 
     engine = install_engine(stream_store, SyntheticGenerator(tokens_per_s=20, answer_words=64))
     yield engine

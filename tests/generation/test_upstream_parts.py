@@ -28,8 +28,8 @@ from inference.upstream import (
     estimate_prompt_tokens,
     openai_tool_call_deltas,
 )
-from tests.conftest import wait_for_terminal, wait_until
-from tests.generation.test_api import CHAT, assert_error, post
+from tests.support.api_client import CHAT, assert_error, post
+from tests.support.engines import wait_for_terminal, wait_until
 from tests.upstreams import ScriptedServer, event_stream
 
 ENDPOINT = {"model": "remote", "base_url": "http://127.0.0.1:9/v1", "upstream_model": "m"}

@@ -14,7 +14,7 @@ from inference import engine as engine_module
 from inference.batching import Sequence, StaticBatch, TransformersBatch, open_batch, row_bucket
 from inference.engine import Job, failure_message
 from inference.generators import ContextLengthExceeded, GenerationParams
-from tests.conftest import install_engine, wait_for_terminal, wait_until
+from tests.support.engines import install_engine, wait_for_terminal, wait_until
 
 PROMPTS = [
     "What is the capital of France?",

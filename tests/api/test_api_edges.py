@@ -17,7 +17,7 @@ from api.schemas import ChatCompletionRequest, CompletionRequest
 from inference.engine import failure_message
 from inference.generators import SYNTHETIC_TEXT
 from inference.upstream import PASSTHROUGH_FIELDS
-from tests.generation.test_api import CHAT, MODEL, RATE_HEADERS, assert_error, get, post, sse
+from tests.support.api_client import CHAT, MODEL, RATE_HEADERS, assert_error, get, post, sse
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -170,7 +170,7 @@ def failing_middleware(get_response):
 
 def test_what_django_refuses_around_the_api_is_an_error_object_and_a_page_elsewhere(settings, caplog):
     assert_api_error(Client().get("/v1/models", HTTP_HOST="evil.example"), 400)  # not in ALLOWED_HOSTS
-    settings.MIDDLEWARE = [*settings.MIDDLEWARE, "tests.generation.test_api_edges.failing_middleware"]
+    settings.MIDDLEWARE = [*settings.MIDDLEWARE, "tests.api.test_api_edges.failing_middleware"]
     client = Client(raise_request_exception=False)
 
     api = client.get("/v1/models")

@@ -18,8 +18,8 @@ from inference.fair_queue import FairQueue
 from inference.generators import GenerationParams, SyntheticGenerator
 from inference.streams import InMemoryStreamStore
 from inference.upstream import UpstreamPool, endpoint_from_json
-from tests.conftest import install_engine, wait_for_terminal, wait_until
-from tests.generation.test_api import CHAT, post
+from tests.support.api_client import CHAT, post
+from tests.support.engines import install_engine, wait_for_terminal, wait_until
 from tests.upstreams import ScriptedServer, event_stream
 
 PROMPT = [{"role": "user", "content": "Hi"}]

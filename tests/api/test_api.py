@@ -11,7 +11,6 @@ import openai
 import pytest
 from asgiref.sync import sync_to_async
 from django.core.asgi import get_asgi_application
-from django.test import Client
 
 from accounts.models import Account, UsageRecord
 from accounts.services import account_for, api_key_create
@@ -19,20 +18,10 @@ from api.views import Completion, completion_events
 from inference.engine import EngineOverloaded
 from inference.generators import SYNTHETIC_TEXT, SyntheticGenerator
 from inference.streams import StreamEvent
-from tests.conftest import install_engine, wait_for_terminal
+from tests.support.api_client import CHAT, MODEL, RATE_HEADERS, assert_error, get, post, sse
+from tests.support.engines import install_engine, wait_for_terminal
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-MODEL = "smollm2-135m-instruct"
-CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hello"}]}
-RATE_HEADERS = (
-    "x-ratelimit-limit-requests",
-    "x-ratelimit-remaining-requests",
-    "x-ratelimit-limit-tokens",
-    "x-ratelimit-remaining-tokens",
-    "x-ratelimit-reset-requests",
-    "x-ratelimit-reset-tokens",
-)
 
 
 @pytest.fixture
@@ -43,40 +32,6 @@ def alice_key(alice) -> str:
 @pytest.fixture
 def bob_key(bob) -> str:
     return api_key_create(user=bob, name="test")[1]
-
-
-def post(path: str, body: object, key: str | None, **headers: str):
-    if key:
-        headers.setdefault("HTTP_AUTHORIZATION", f"Bearer {key}")
-    raw = body if isinstance(body, (bytes, str)) else json.dumps(body)
-    return Client().post(path, raw, content_type="application/json", **headers)
-
-
-def get(path: str, key: str | None, **headers: str):
-    if key:
-        headers.setdefault("HTTP_AUTHORIZATION", f"Bearer {key}")
-    return Client().get(path, **headers)
-
-
-def sse(response) -> list[tuple[str | None, str]]:
-    """(id, data) of each event; comments skipped."""
-    body = b"".join(response).decode()  # Django consumes the async stream for the sync client
-    events = []
-    for block in body.strip().split("\n\n"):
-        lines = dict(line.split(": ", 1) for line in block.splitlines() if not line.startswith(":"))
-        if "data" in lines:
-            events.append((lines.get("id"), lines["data"]))
-    return events
-
-
-def assert_error(response, status: int, code: str | None, param: str | None = None) -> dict:
-    assert response.status_code == status, response.content
-    error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"} and error["message"]
-    assert error["code"] == code
-    if param:
-        assert error["param"] == param
-    return error
 
 
 def test_models_lists_the_available_models(alice_key, fast_engine):
@@ -253,7 +208,7 @@ def test_daily_tokens_cap_max_tokens_then_refuse(alice, alice_key, fast_engine):
 
 def test_concurrent_streams_limit_is_429(alice, alice_key, stream_store):
     from inference.generators import SyntheticGenerator
-    from tests.conftest import install_engine
+    from tests.support.engines import install_engine
 
     engine = install_engine(stream_store, SyntheticGenerator(tokens_per_s=20))
     Account.objects.filter(pk=account_for(alice).pk).update(max_concurrent_streams=1)
@@ -455,7 +410,7 @@ def test_bob_learns_nothing_of_alices_interrupted_stream(alice, bob_key, stream_
 
 def test_cancel_stops_a_running_generation(alice, alice_key, stream_store):
     from inference.generators import SyntheticGenerator
-    from tests.conftest import install_engine
+    from tests.support.engines import install_engine
 
     engine = install_engine(stream_store, SyntheticGenerator(tokens_per_s=20))
     post("/v1/chat/completions", {**CHAT, "stream": True, "stream_options": {"resumable": True}}, alice_key)

@@ -17,6 +17,7 @@ from inference.streams import InMemoryStreamStore, StreamEvent, StreamNotFound, 
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
 NO_REDIS = "REDIS_URL is not set: the Redis stream store is tested only against a real Redis"
+pytestmark = pytest.mark.services  # the Redis store: CI's second pass runs it
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import pytest
 from inference.engine import Engine, EngineOverloaded, GenerationResult, Job, failure_message
 from inference.generators import GenerationParams, SyntheticGenerator
 from inference.streams import InMemoryStreamStore
-from tests.conftest import install_engine, wait_for_terminal, wait_until
+from tests.support.engines import install_engine, wait_for_terminal, wait_until
 
 GREEDY = GenerationParams(max_tokens=12, temperature=0)
 PROMPT = [{"role": "user", "content": "Name three colours."}]

@@ -11,7 +11,7 @@ from inference.batching import Sequence, open_batch
 from inference.engine import Engine, EngineOverloaded, Job, failure_message
 from inference.generators import GenerationParams, SyntheticGenerator
 from inference.streams import InMemoryStreamStore
-from tests.conftest import install_engine, wait_for_terminal, wait_until
+from tests.support.engines import install_engine, wait_for_terminal, wait_until
 
 PROMPTS = [
     "What is the capital of France?",
