@@ -71,11 +71,12 @@ def _migrated_rows(request) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _no_event_loop_left_running() -> Iterator[None]:
+def _no_event_loop_left_running(request) -> Iterator[None]:
     # A test that leaves an event loop marked running in the main thread makes every later
     # test on its worker fail with SynchronousOnlyOperation: name the culprit instead.
+    # (The browser's is running on purpose until its module ends: see `browser`.)
     yield
-    if asyncio_events._get_running_loop() is not None:
+    if "browser" not in request.fixturenames and asyncio_events._get_running_loop() is not None:
         asyncio_events._set_running_loop(None)
         pytest.fail("the test left an event loop running in the main thread")
 
@@ -227,9 +228,13 @@ def pytest_terminal_summary(terminalreporter) -> None:
 CHROMIUM = "/usr/bin/chromium"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
-    """Debian's Chromium driven by Playwright (never a downloaded browser)."""
+    """Debian's Chromium driven by Playwright (never a downloaded browser).
+
+    Per module, not per run: Playwright's sync API keeps an event loop running in the main
+    thread while it is open, and every database test on the same worker after it would
+    fail with SynchronousOnlyOperation (a browser starts in about a second)."""
     if not shutil.which(CHROMIUM):
         if os.environ.get("CHATSITE_REQUIRE_BROWSER") == "1":
             pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium")
