@@ -21,7 +21,6 @@ from inference.registry import resolve_model
 from inference.streams import InMemoryStreamStore
 from tests.livesite import STARTED, LiveSite
 from tests.support import PASSWORD
-from tests.support.eager import EagerEngine
 from tests.support.engines import install_engine
 from tests.support.sites import LiveSites
 
@@ -175,18 +174,6 @@ def fast_engine(stream_store) -> Iterator[Engine]:
     engine = install_engine(stream_store, SyntheticGenerator(tokens_per_s=500, answer_words=12))
     yield engine
     engine.stop(timeout=10)
-
-
-@pytest.fixture
-def eager_engine(stream_store) -> Engine:
-    """The synthetic model generating in the test's own thread (tests.support.eager): the
-    answer is saved on the test's connection, so the test needs no `transaction=True`."""
-    engine = EagerEngine(
-        lambda: SyntheticGenerator(tokens_per_s=5000, answer_words=12), stream_store, producer=runtime.PRODUCER
-    )
-    engine.start()
-    runtime._engines[django_settings.CHAT_MODEL] = engine
-    return engine
 
 
 @pytest.fixture(scope="session")
