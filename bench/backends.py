@@ -62,6 +62,7 @@ from bench.concurrency import (
     run_level,
     site_env,
     warm_up,
+    without_records,
 )
 from tests.livesite import LiveSite, LiveWorker, keep_logs, log_errors, scratch_database, scratch_redis_prefix
 
@@ -195,11 +196,6 @@ def print_round(number: int, measured: dict[str, dict[str, Any]], compared: dict
         f"TTFT median celery - in-process: {'-' if diff is None else f'{diff:+.1f} ms'}",
         flush=True,
     )
-
-
-def without_records(level: dict[str, Any]) -> dict[str, Any]:
-    """A level's summary; its per-request records stay out of the results file."""
-    return {key: value for key, value in level.items() if key != "records"}
 
 
 def main() -> None:

@@ -14,8 +14,9 @@ Per request: time to first content chunk (TTFT), the gaps between content chunks
 time, completion tokens (from the usage chunk) and content chunks. Per level: aggregate
 tokens/s = completion tokens delivered by all requests ÷ the level's wall time, and the
 medians / p95s of the above. Starts chatsite itself (daphne, its own SQLite database,
-SmolLM2-135M-Instruct) unless --url names a running server. Writes
-bench/results/concurrency-<label>.json (label: the scheduler unless given).
+SmolLM2-135M-Instruct) unless --url names a running server. Writes the summary to
+bench/results/concurrency-<label>.json (label: the scheduler unless given) and every
+request's record to bench/results/raw/concurrency-<label>.json.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench import result_files
 from tests.livesite import ROOT, LiveSite, unlimited_api_key
 
 MODEL = "smollm2-135m-instruct"
@@ -368,10 +370,23 @@ def measure(target: Target, args: argparse.Namespace, server_pid: int | None = N
     )
 
 
+def without_records(level: dict[str, Any]) -> dict[str, Any]:
+    """A level's summary; its per-request records stay out of the results file."""
+    return {key: value for key, value in level.items() if key != "records"}
+
+
 def write_results(label: str, payload: dict[str, Any]) -> Path:
-    """bench/results/concurrency-<label>.json, or under $BENCH_RESULTS_DIR when set."""
+    """bench/results/concurrency-<label>.json, or under $BENCH_RESULTS_DIR when set: the
+    levels' summaries there, their requests' records in raw/ beside it."""
     path = results_dir() / f"concurrency-{label}.json"
-    path.write_text(json.dumps(payload, indent=2) + "\n")
+    levels = payload["levels"]
+    summary = {**payload, "levels": [without_records(level) for level in levels]}
+    raw = {
+        "label": label,
+        "date": payload["date"],
+        "levels": [{"concurrency": level["concurrency"], "records": level["records"]} for level in levels],
+    }
+    result_files.write(path, summary, raw)
     return path
 
 

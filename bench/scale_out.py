@@ -25,14 +25,14 @@ at once, delivered tokens/s against `--streams` x `--rate` (steady state: all st
 none done), the inter-event gaps, the ramp (POST + SSE response head per stream: p50 and
 max; until the last stream's first event), each process's RSS, and Redis's used_memory
 and clients sampled every second. Targets: every stream complete; peak concurrent streams
-≥ 95 % of `--streams`. Writes bench/results/scale_out.json; exits 1 when a target is missed.
+≥ 95 % of `--streams`. Writes bench/results/scale_out.json, and the once-a-second samples
+to bench/results/raw/scale_out.json; exits 1 when a target is missed.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shlex
 import subprocess
@@ -43,6 +43,7 @@ from typing import Any
 
 import redis
 
+from bench import result_files
 from bench.fanout import (
     Counters,
     StreamResult,
@@ -334,6 +335,7 @@ def main() -> None:
     start_watchdog(args.timeout + 600, children, name="bench.scale_out")
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     measured = run(args, redis_url, children)
+    samples = measured.pop("samples")
 
     figures = measured["figures"]
     targets = {
@@ -351,8 +353,7 @@ def main() -> None:
         "targets": targets,
         "all_targets_met": all(targets.values()),
     }
-    args.results.parent.mkdir(parents=True, exist_ok=True)
-    args.results.write_text(json.dumps(result, indent=2) + "\n")
+    result_files.write(args.results, result, {"command": result["command"], "date": started, "samples": samples})
     print_table(result, args)
     if figures["ramp_s"] is not None and figures["ramp_s"] > figures["stream_duration_s"]:
         print("note: opening took longer than a stream lasts; raise --tokens or lower --rate for more overlap")

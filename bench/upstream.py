@@ -41,7 +41,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.backends import without_records
 from bench.concurrency import (
     RESULTS_DIR,
     Target,
@@ -52,6 +51,7 @@ from bench.concurrency import (
     requests_for,
     run_level,
     warm_up,
+    without_records,
 )
 from tests.livesite import LiveSite, log_errors
 from tests.upstreams import TransformersServe
