@@ -12,7 +12,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 ARG TORCH_INDEX=
 
 WORKDIR /app
-# Every file pip installs must match a hash in the locks (README: Dependencies).
+# Every file pip installs must match a hash in the locks (docs/deployment.md: Dependencies).
 COPY requirements.lock requirements-cuda.lock requirements-models.lock ./
 RUN if [ -n "$TORCH_INDEX" ]; then \
       python -m pip install --require-hashes --extra-index-url "$TORCH_INDEX" -r requirements.lock; \

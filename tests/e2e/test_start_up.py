@@ -87,7 +87,7 @@ def test_good_configuration_passes_the_check():
     assert result.returncode == 0, result.stderr
 
 
-# Production as README's "Behind an HTTPS proxy" sets it up.
+# Production as docs/deployment.md's "Behind an HTTPS proxy" sets it up.
 PRODUCTION = {
     "DJANGO_DEBUG": "0",
     "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
