@@ -2,7 +2,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
-# PyTorch's CPU-only wheels for torch (README: Dependencies), e.g.
+# PyTorch's CPU-only wheels for torch (docs/deployment.md: Dependencies), e.g.
 # TORCH_INDEX=https://download.pytorch.org/whl/cpu; unset, pip's own configuration decides.
 TORCH_INDEX ?=
 # Every package comes from a lock (`make lock`) and must match one of its hashes.
@@ -64,7 +64,7 @@ test-fast: $(VENV)/.installed-dev
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy accounts api chatsite documents generation inference
+	$(VENV)/bin/mypy accounts api chatsite documents generation infrastructure inference
 	$(VENV)/bin/lint-imports
 
 # Known vulnerabilities in every locked package (PyPI's advisory database). Tried three
@@ -84,7 +84,7 @@ audit: $(VENV)/.installed-dev
 	  echo "make audit: NOTHING AUDITED: PyPI's vulnerability API ($(AUDIT_PROBE)) does not answer from here."; \
 	fi
 
-# Regenerates every lock from the requirements files (README: Dependencies). Existing pins
+# Regenerates every lock from the requirements files (docs/deployment.md: Dependencies). Existing pins
 # are kept; LOCK_ARGS=--upgrade (or --upgrade-package NAME) moves them.
 PIP_COMPILE := $(VENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras \
 	--no-emit-index-url --no-emit-find-links $(LOCK_ARGS)

@@ -122,10 +122,11 @@ class RedisRequestLog:
         return self.admit(key, limit=0, now=now)
 
 
-_local_log = LocalRequestLog()
+# This process's window of requests where no Redis is configured (tests give each test a new one).
+local_log = LocalRequestLog()
 
 
 def request_log(cache: BaseCache | None = None) -> RequestLog:
     """The log where the site's cache is: in Redis when REDIS_URL makes it a Redis cache, else in this process."""
     cache = cache or caches["default"]
-    return RedisRequestLog(cache) if isinstance(cache, RedisCache) else _local_log
+    return RedisRequestLog(cache) if isinstance(cache, RedisCache) else local_log

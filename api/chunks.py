@@ -7,8 +7,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from generation import sse
 from inference.streams import StreamEvent, coalesced
+from infrastructure import sse
 
 DONE = b"data: [DONE]\n\n"
 

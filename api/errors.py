@@ -14,9 +14,9 @@ from typing import Any, TypeVar
 
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 
-from generation import logs
-from generation.metrics import API_ERRORS
 from inference.engine import failure_message
+from infrastructure import logs
+from infrastructure.metrics import API_ERRORS
 
 logger = logging.getLogger(__name__)
 ResponseT = TypeVar("ResponseT", bound=HttpResponseBase)

@@ -28,14 +28,16 @@ from api.chunks import DONE, Completion, WholeAnswer, completion_events, error_o
 from api.errors import ApiError, body_too_large, finish, internal_error, invalid_url, request_id_of
 from api.openapi import openapi_document
 from api.schemas import ChatCompletionRequest, CompletionOptions, CompletionRequest
-from generation import connection_limits, logs, runtime, sse
-from generation.backends import backend
+from generation import connection_limits
+from generation.backends import runtime
+from generation.backends.router import backend
 from generation.connection_limits import Held, TooManyConnections
-from generation.database import in_database_thread
 from generation.refusals import REFUSALS, UNREACHABLE, Refusal, refusal_of
 from generation.services import generation_cancel, generation_start
 from inference.generators import Prompt
 from inference.streams import StreamNotFound
+from infrastructure import logs, sse
+from infrastructure.database import in_database_thread
 
 logger = logging.getLogger(__name__)
 

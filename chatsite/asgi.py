@@ -24,7 +24,10 @@ from chatsite.body_limit import BodyLimit, install_in_daphne  # noqa: E402
 from chatsite.handlers import ProgramsHandler  # noqa: E402
 from chatsite.observability import RequestLog  # noqa: E402
 from generation import routing  # noqa: E402
-from generation.backends import backend  # noqa: E402
+from generation.backends.router import backend  # noqa: E402
+from generation.checks import settings_check_or_stop  # noqa: E402
+
+settings_check_or_stop()  # no management command ran before daphne: a bad model setting stops it here
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +90,7 @@ def stream_upstreams_on_daphnes_loop(reactor: Any) -> None:
     """Model servers' answers stream on daphne's own loop, where their readers wait, not on
     a thread of their own (UpstreamBackend.serve_on_running_loop says when and why)."""
     # On the loop once it runs: the asyncio reactor's calls run on asyncio's loop.
-    reactor.callLater(0, backend().upstream.serve_on_running_loop)
+    reactor.callLater(0, backend().serve_on_running_loop)
 
 
 if (daphne := daphnes_reactor()) is not None:

@@ -29,7 +29,7 @@ from daphne import http_protocol
 from django.conf import settings
 
 from api.errors import API_PREFIX, body_too_large
-from generation import logs
+from infrastructure import logs
 
 logger = logging.getLogger(__name__)
 

@@ -28,13 +28,13 @@ class ProgramsHandler(ASGIHandler):
     Their callers send an API key or nothing: no session, CSRF token, message, login or
     redirect to handle. In an async view each of Django's MiddlewareMixin middlewares
     costs two thread hops, about 1.5 ms of every completion's first token here
-    (docs/benchmarks.md, upstream backend), so these requests skip them. Their responses
+    (docs/benchmarks.md, Fast at the door), so these requests skip them. Their responses
     still get the same security headers as the pages (nosniff, referrer and opener
     policies, HSTS, X-Frame-Options, Content-Security-Policy): the header-setting halves
     of those middlewares are called directly, in this thread, with no hop. HTTPS
     redirects are for browsers: an API client or a load balancer's probe follows none.
     Their database work runs on threads that keep their connections
-    (generation/database.py), never on a thread of the request's own (`handle`).
+    (infrastructure/database.py), never on a thread of the request's own (`handle`).
     """
 
     async def handle(self, scope: dict[str, Any], receive: Any, send: Any) -> None:

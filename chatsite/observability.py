@@ -16,8 +16,8 @@ from django.conf import settings
 from django.http import HttpRequest
 from django.urls import Resolver404, resolve
 
-from generation import logs
-from generation.metrics import HTTP_DURATION, HTTP_REQUESTS
+from infrastructure import logs
+from infrastructure.metrics import HTTP_DURATION, HTTP_REQUESTS
 
 ASGIApp = Any
 

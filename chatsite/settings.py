@@ -3,21 +3,18 @@
 from __future__ import annotations
 
 import datetime as dt
-import importlib.util
 import json
 import os
 import re
 import secrets
 import sys
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import dj_database_url
 from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
-
-from inference.registry import UnknownModel, resolve_model
-from inference.upstream import Endpoint, endpoint_from_json
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -78,18 +75,18 @@ def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     return value
 
 
-def env_upstreams(name: str) -> list[Endpoint]:
-    """A JSON list of model servers, each {"model", "base_url", "upstream_model", ...}."""
+def env_json_list(name: str) -> list[Any]:
+    """A JSON list (its entries are checked where they are understood: generation/checks.py)."""
     raw = os.environ.get(name, "").strip()
     if not raw:
         return []
     try:
         entries = json.loads(raw)
-        if not isinstance(entries, list):
-            raise ValueError("a JSON list is expected")
-        return [endpoint_from_json(entry, f"env-{index + 1}") for index, entry in enumerate(entries)]
-    except (ValueError, TypeError) as error:
-        raise ImproperlyConfigured(f"{name}: {error} (see the README's 'Model servers')") from None
+    except ValueError as error:
+        raise ImproperlyConfigured(f"{name}: not JSON ({error})") from None
+    if not isinstance(entries, list):
+        raise ImproperlyConfigured(f"{name}: a JSON list is expected")
+    return entries
 
 
 def env_list(name: str, default: str) -> list[str]:
@@ -170,7 +167,7 @@ SECRET_KEY = _secret_key()
 DEBUG = env_bool("DJANGO_DEBUG", False)
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
 
-# HTTPS, directly or behind a proxy (README: Behind an HTTPS proxy). The defaults serve
+# HTTPS, directly or behind a proxy (docs/deployment.md: Behind an HTTPS proxy). The defaults serve
 # plain HTTP, as `make run` does; `manage.py check --deploy` says what production wants.
 # Pages of these other origins may post forms and open the chat's WebSocket.
 CSRF_TRUSTED_ORIGINS = env_origins("DJANGO_CSRF_TRUSTED_ORIGINS")
@@ -394,17 +391,9 @@ CHAT_RESPONSE_CACHE_TTL = env_int("CHAT_RESPONSE_CACHE_TTL", 3600, minimum=1)
 CHAT_ENABLE_SYNTHETIC = env_bool("CHAT_ENABLE_SYNTHETIC", False)
 CHAT_SYNTHETIC_TOKENS_PER_S = env_float("CHAT_SYNTHETIC_TOKENS_PER_S", 50.0)
 # Model servers (vLLM, TGI, Ollama, ...) behind chatsite; more can be added in the admin.
-CHAT_UPSTREAMS = env_upstreams("CHAT_UPSTREAMS")
-try:
-    resolve_model(CHAT_MODEL, synthetic_enabled=CHAT_ENABLE_SYNTHETIC)
-except UnknownModel as error:
-    raise ImproperlyConfigured(f"CHAT_MODEL: {error}") from None
-
-if CHAT_QUANTIZATION != "none" and importlib.util.find_spec("bitsandbytes") is None:
-    raise ImproperlyConfigured(
-        f"CHAT_QUANTIZATION: {CHAT_QUANTIZATION} needs the bitsandbytes package (requirements-cuda.lock), "
-        "which is not installed."
-    )
+# CHAT_MODEL, CHAT_QUANTIZATION and these are checked against the inference core by
+# generation/checks.py, as manage.py and every process start.
+CHAT_UPSTREAMS = env_json_list("CHAT_UPSTREAMS")
 
 if GENERATION_BACKEND == "celery" and not REDIS_URL:
     raise ImproperlyConfigured("GENERATION_BACKEND: celery needs REDIS_URL (the broker and the stream store).")
@@ -440,7 +429,7 @@ CELERY_BEAT_SCHEDULE = {
 }
 
 # One line per record on stderr: JSON (python-json-logger) for log collectors, or text for
-# people. Each carries the request's id (generation.logs); tracebacks stay in their line.
+# people. Each carries the request's id (infrastructure.logs); tracebacks stay in their line.
 # On SIGTERM: seconds for the generations under way to finish before the rest are
 # interrupted (their text kept) and the process exits (chatsite/asgi.py, generation/worker.py).
 GRACEFUL_TIMEOUT = env_float("GRACEFUL_TIMEOUT", 30.0)
@@ -456,7 +445,7 @@ if LOG_FORMAT == "json":
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"request": {"()": "generation.logs.RequestContext"}},
+    "filters": {"request": {"()": "infrastructure.logs.RequestContext"}},
     "formatters": {
         "json": {
             "()": "pythonjsonlogger.json.JsonFormatter",
@@ -464,7 +453,7 @@ LOGGING = {
             "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"},
         },
         "text": {
-            "()": "generation.logs.TextFormatter",
+            "()": "infrastructure.logs.TextFormatter",
             "format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s",
         },
     },

@@ -6,7 +6,7 @@ from django.views import defaults
 from django.views.generic import RedirectView
 
 from api.errors import api_or_page
-from generation import views as generation_views
+from chatsite import probes
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="generation:chat"), name="home"),
@@ -14,9 +14,9 @@ urlpatterns = [
     path("chat/", include("generation.urls")),
     path("documents/", include("documents.urls")),
     path("v1/", include("api.urls")),
-    path("healthz", generation_views.healthz, name="healthz"),
-    path("readyz", generation_views.readyz, name="readyz"),
-    path("metrics", generation_views.metrics, name="metrics"),
+    path("healthz", probes.healthz, name="healthz"),
+    path("readyz", probes.readyz, name="readyz"),
+    path("metrics", probes.metrics, name="metrics"),
     path("admin/", admin.site.urls),
 ]
 

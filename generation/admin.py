@@ -15,8 +15,9 @@ from django.urls import URLPattern, path
 from django.views.decorators.http import require_GET, require_POST
 
 from accounts.models import UsageRecord
-from generation import runtime, services
-from generation.backends import backend
+from generation import services
+from generation.backends import runtime
+from generation.backends.router import backend
 from generation.models import Conversation, Message, UpstreamEndpoint
 
 
@@ -160,7 +161,7 @@ class UpstreamEndpointAdmin(admin.ModelAdmin):
 
     def _live(self, endpoint: UpstreamEndpoint) -> dict[str, Any]:
         name = endpoint.as_endpoint().name
-        found = next((s for s in backend().upstream.pool.snapshots() if s["name"] == name), None)
+        found = next((s for s in backend().endpoint_snapshots() if s["name"] == name), None)
         return found or {}
 
     @admin.display(description="state")
@@ -181,8 +182,8 @@ class UpstreamEndpointAdmin(admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         super().save_model(request, obj, form, change)
-        backend().upstream.refresh(force=True)  # this process at once; the others within seconds
+        backend().endpoints_refresh()  # this process at once; the others within seconds
 
     def delete_model(self, request: HttpRequest, obj: Any) -> None:
         super().delete_model(request, obj)
-        backend().upstream.refresh(force=True)
+        backend().endpoints_refresh()

@@ -6,8 +6,9 @@ class GenerationConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # Generations and titles are queued by task name (generation.dispatch, .jobs), which
+        # Generations and titles are queued by task name (generation.backends.dispatch, .jobs), which
         # the tasks module's imports reach: register the tasks with Celery as Django starts,
         # in web processes as in workers, so that a named task is found (and runs eagerly
         # with the in-process backend).
-        from generation import tasks  # noqa: F401
+        # The checks module registers the model settings' system checks.
+        from generation import checks, tasks  # noqa: F401

@@ -9,7 +9,8 @@ from asgiref.sync import sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from accounts.models import UsageRecord
-from generation import connection_limits, runtime, services, untrusted_json
+from generation import connection_limits, services, untrusted_json
+from generation.backends import runtime
 from generation.connection_limits import Held, MessageRate, TooManyConnections, Verdict
 from generation.forms import PromptForm
 from generation.models import Conversation

@@ -6,7 +6,7 @@ from django import forms
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator
 
-from generation.backends import backend
+from generation.backends.router import backend
 from generation.models import Conversation
 from generation.search import MAX_QUERY_CHARS as MAX_SEARCH_CHARS
 from generation.search import search_terms

@@ -65,7 +65,7 @@ class Message(models.Model):
     # An answer from documents: the passages its prompt carried, numbered as it cites them
     # (documents.services.retrieval_for); kept here so that they outlive their documents.
     sources = models.JSONField(default=list, blank=True)
-    # Streamed from the response cache rather than generated (generation/response_cache.py).
+    # Streamed from the response cache rather than generated (generation/backends/response_cache.py).
     from_cache = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

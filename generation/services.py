@@ -24,17 +24,18 @@ from accounts.services import (
     usage_withdraw,
 )
 from documents.services import retrieval_for
-from generation import logs, runtime
-from generation.backends import backend
-from generation.dispatch import QUEUE_PRODUCER
-from generation.jobs import engine_thread_task
+from generation.backends import runtime
+from generation.backends.dispatch import QUEUE_PRODUCER
+from generation.backends.jobs import engine_thread_task
+from generation.backends.response_cache import CachedAnswer, CacheLookup, response_cache_lookup
+from generation.backends.router import backend
 from generation.models import Conversation, Message
-from generation.response_cache import CachedAnswer, CacheLookup, response_cache_lookup
 from generation.selectors import MessageTree, chat_history
-from inference.backend import Admission, GenerationTask
+from inference.backend import GenerationTask, LedgerVerdict
 from inference.engine import EngineOverloaded, GenerationResult, Job
 from inference.generators import ContextLengthExceeded, GenerationParams, Prompt, UnfitPrompt, check_prompt
 from inference.registry import UnknownModel
+from infrastructure import logs
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +139,7 @@ def generation_admit(
     if cache is not None and cache.answer is None:
         task = replace(task, cache_key=cache.key)
     if start_early and runner.starts_early(model) and not (cache and cache.answer):
-        task = replace(task, admission=Admission())
+        task = replace(task, admission=LedgerVerdict())
         runner.submit(task)
     producer = runner.producer(model)
     try:
@@ -158,7 +159,7 @@ def generation_admit(
     except BaseException:
         if task.admission is not None:
             task.admission.refuse()
-            runner.cancel(task.stream_id)
+            runtime.stream_store().cancel(task.stream_id)
         raise
     if task.admission is not None:
         task.admission.grant(granted)
@@ -457,8 +458,12 @@ def _retrieval_stages_publish(admitted: Admitted) -> bool:
 
 def generation_cancel(*, stream_id: str) -> bool:
     """Stop a generation within one decoding step, wherever it runs; its producer saves
-    what it generated. Every Stop, disconnect and force-stop comes through here."""
-    return backend().cancel(stream_id)
+    what it generated. Every Stop, disconnect and force-stop comes through here.
+
+    A flag in the stream store, whichever backend runs it: every producer reads its
+    generations' flags (the engine at each decoding step, a worker through Redis, a
+    model-server pool every `cancel_poll_s`)."""
+    return runtime.stream_store().cancel(stream_id)
 
 
 def message_stop(*, message: Message) -> bool:

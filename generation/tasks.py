@@ -6,9 +6,10 @@ from typing import Any
 
 from celery import shared_task
 
-from generation import reaping, runtime, services, worker
-from generation.dispatch import GENERATE_TASK
-from generation.jobs import TITLE_TASK
+from generation import services, worker
+from generation.backends import reaping, runtime
+from generation.backends.dispatch import GENERATE_TASK
+from generation.backends.jobs import TITLE_TASK
 from inference.backend import GenerationTask
 
 

@@ -1,33 +1,28 @@
 from __future__ import annotations
 
-import hmac
-import ipaddress
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-import redis
 from asgiref.sync import sync_to_async
-from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
-from django.db import connection
 from django.forms.models import model_to_dict
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
 from django.urls import reverse
-from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect, push_url, reswap, retarget
 from django_htmx.middleware import HtmxDetails
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from accounts.services import account_for, quota_for
-from generation import connection_limits, runtime, search, services, sse, transfer
-from generation.backends import backend
+from generation import connection_limits, search, services, transfer
+from generation.backends import runtime
+from generation.backends.reaping import message_mark_interrupted
+from generation.backends.router import backend
 from generation.connection_limits import TooManyConnections
 from generation.forms import (
     CONVERSATIONS_PER_PAGE,
@@ -38,12 +33,11 @@ from generation.forms import (
     PromptForm,
     SearchForm,
 )
-from generation.metrics import export_loads
 from generation.models import Conversation, Message
-from generation.reaping import message_mark_interrupted
 from generation.refusals import REFUSALS, UNREACHABLE, Refusal, refusal_of
 from generation.selectors import MessageTree, Versions
 from inference.streams import StreamEvent, StreamNotFound, coalesced
+from infrastructure import sse
 
 # Ask EventSource to reconnect after 1 s (instead of its default 3 s) when a connection drops.
 RECONNECT_PREAMBLE = b"retry: 1000\n\n"
@@ -529,82 +523,3 @@ class QuotaMeter:
 def _quota_meter(request: HtmxHttpRequest) -> QuotaMeter:
     quota = quota_for(request.user)
     return QuotaMeter(requests_left=max(0, quota.requests_remaining), tokens_left=quota.tokens_remaining)
-
-
-# The body is the same every time; async, so that answering costs no thread hop.
-HEALTHY = b'{"status": "ok"}'
-
-
-@require_GET
-async def healthz(request: HttpRequest) -> HttpResponse:
-    """The process is up."""
-    return HttpResponse(HEALTHY, content_type="application/json")
-
-
-@require_GET
-@never_cache
-def readyz(request: HttpRequest) -> HttpResponse:
-    """Ready to serve: model loaded, database (and Redis when configured) reachable."""
-    checks: dict[str, str] = {}
-    generations = backend()
-    checks["model"] = "ok" if generations.ready() else generations.not_ready_reason()
-    checks["database"] = _check(_connect_database)
-    if settings.REDIS_URL:
-        checks["redis"] = _check(_ping_redis)
-    ready = all(value == "ok" for value in checks.values())
-    body: dict[str, Any] = {"status": "ok" if ready else "unavailable"}
-    if _operator(request):  # the details name hosts and errors: not for anyone
-        body["checks"] = checks
-    return JsonResponse(body, status=200 if ready else 503)
-
-
-@require_GET
-def metrics(request: HttpRequest) -> HttpResponse:
-    """Prometheus metrics, for operators only (_operator)."""
-    if not _operator(request):
-        return HttpResponse(
-            "Metrics are for operators: send METRICS_TOKEN as a bearer token, or ask from this host.\n",
-            status=403,
-            content_type="text/plain",
-        )
-    export_loads(lambda: backend().loads(), lambda: backend().upstream.pool.snapshots())
-    return HttpResponse(generate_latest(), content_type=CONTENT_TYPE_LATEST)
-
-
-def _operator(request: HttpRequest) -> bool:
-    """A caller with the bearer METRICS_TOKEN, or one on this host that no proxy relays
-    (no proxy header, the one CHAT_CLIENT_IP_HEADER names included)."""
-    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-    if settings.METRICS_TOKEN and scheme.lower() == "bearer":
-        return hmac.compare_digest(given.strip().encode(), settings.METRICS_TOKEN.encode())
-    # A proxy on this host relays others: any header a proxy writes makes the caller remote,
-    # and the configured client-address header names the caller (accounts.client_address).
-    proxy_headers = ["HTTP_X_FORWARDED_FOR", "HTTP_FORWARDED", settings.CHAT_CLIENT_IP_HEADER]
-    if any(name and name in request.META for name in proxy_headers):
-        return False
-    try:
-        return ipaddress.ip_address(request.META.get("REMOTE_ADDR", "")).is_loopback
-    except ValueError:
-        return False
-
-
-def _connect_database() -> None:
-    """A new connection, closed at once: the probe runs on a thread of its own request,
-    whose connection nothing else closes (chatsite.handlers.ProgramsHandler)."""
-    try:
-        connection.ensure_connection()
-    finally:
-        connection.close()
-
-
-def _check(probe: Any) -> str:
-    try:
-        probe()
-    except Exception as error:
-        return f"{type(error).__name__}: {error}"
-    return "ok"
-
-
-def _ping_redis() -> None:
-    assert settings.REDIS_URL
-    redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1, socket_connect_timeout=1).ping()

@@ -18,15 +18,16 @@ from functools import partial
 import prometheus_client
 from django.conf import settings
 
-from generation import runtime
-from generation.backends import InProcessBackend
-from generation.dispatch import QUEUE_PRODUCER
-from generation.jobs import job_for, retried_on_a_new_connection
-from generation.metrics import export_loads
-from generation.reaping import generation_abandon
+from generation.backends import runtime
+from generation.backends.dispatch import QUEUE_PRODUCER
+from generation.backends.jobs import job_for, retried_on_a_new_connection
+from generation.backends.reaping import generation_abandon
+from generation.backends.router import InProcessBackend
 from generation.services import generation_cancel, generation_claims
 from inference.backend import GenerationTask
-from inference.engine import Engine, EngineOverloaded, GenerationResult
+from inference.engine import EngineOverloaded, GenerationResult
+from inference.streams import PRODUCER_BEAT_S, PRODUCER_BEAT_TTL_S
+from infrastructure.metrics import export_loads
 
 logger = logging.getLogger(__name__)
 
@@ -62,14 +63,13 @@ def shut_down() -> None:
 def _beat() -> None:
     store = runtime.stream_store()
     admission = runtime.admission()
-    ttl_s = Engine.HEARTBEAT_S * 3
     announced: set[str] = set()
     while True:
         try:
-            store.beat(QUEUE_PRODUCER, ttl_s=ttl_s)
+            store.beat(QUEUE_PRODUCER, ttl_s=PRODUCER_BEAT_TTL_S)
             for model, engine in runtime.local_engines().items():
                 if engine.ready:
-                    admission.register(model, engine.producer, engine.max_concurrent, ttl_s=ttl_s)
+                    admission.register(model, engine.producer, engine.max_concurrent, ttl_s=PRODUCER_BEAT_TTL_S)
                     if model not in announced:
                         announced.add(model)
                         logger.info(
@@ -77,7 +77,7 @@ def _beat() -> None:
                         )
         except Exception:
             logger.exception("Worker heartbeat failed")
-        time.sleep(Engine.HEARTBEAT_S)
+        time.sleep(PRODUCER_BEAT_S)
 
 
 # The worker's database work runs on one thread with one kept connection: a connection

@@ -61,7 +61,10 @@ redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 )
 
 
-class Admission:
+class DeploymentAdmission:
+    """The deployment-wide bound on running plus waiting generations, shared by every web
+    process through Redis (GENERATION_BACKEND=celery)."""
+
     def __init__(self, url: str, *, prefix: str = "chatsite", max_queue: int = 64) -> None:
         self.prefix = prefix
         self.max_queue = max_queue

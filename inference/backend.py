@@ -2,7 +2,7 @@
 
 Views, consumers, the API, the ledger and housekeeping never know which backend runs a
 generation: each produces the same numbered events in the stream store, so readers,
-resume, Stop and usage work the same for all. Implementations (generation/backends.py):
+resume, Stop and usage work the same for all. Implementations (generation/backends/router.py):
 the in-process engine and Celery workers; one is chosen once, at start-up.
 """
 
@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from inference.generators import GenerationParams, Prompt
 
 
-class Admission:
+class LedgerVerdict:
     """The ledger's verdict on a generation that started before it was written (a backend's
     `starts_early`): the generation runs meanwhile, its end waits for the verdict before it
     is settled, and a grant below the max_tokens it went out with stops it there."""
@@ -62,7 +62,7 @@ class GenerationTask:
     # Its prompt's tokens, as admission counted them (None: not counted yet).
     prompt_tokens: int | None = None
     # Set when it starts before its admission is written; never travels.
-    admission: Admission | None = field(default=None, compare=False)
+    admission: LedgerVerdict | None = field(default=None, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(replace(self, admission=None))
@@ -115,10 +115,6 @@ class GenerationBackend(Protocol):
         """Whether a generation of `model` may be submitted before its admission is written,
         with a task.admission: true where nothing but the settling of its end needs the
         ledger record (not for workers, which claim their records)."""
-        ...
-
-    def cancel(self, stream_id: str) -> bool:
-        """Stop a generation within one decoding step, wherever it runs; False if unknown."""
         ...
 
     def ready(self) -> bool:

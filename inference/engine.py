@@ -23,7 +23,7 @@ from typing import Any
 from inference.batching import Sequence, open_batch
 from inference.fair_queue import FairQueue
 from inference.generators import GenerationOutcome, GenerationParams, Generator, Prompt, UnfitPrompt
-from inference.streams import StreamStore
+from inference.streams import PRODUCER_BEAT_S, PRODUCER_BEAT_TTL_S, StreamStore, interrupted_event
 
 logger = logging.getLogger(__name__)
 
@@ -261,10 +261,6 @@ class Engine:
     from those of a dead process.
     """
 
-    # Beats live three periods: a dead engine's (or worker's) runs are found within 6 s,
-    # and settled by housekeeping within the 15 s promised (docs/scaling.md).
-    HEARTBEAT_S = 2.0
-
     def __init__(
         self,
         load: Callable[[], Generator],
@@ -416,10 +412,10 @@ class Engine:
     def _beat(self) -> None:
         while True:
             try:
-                self.store.beat(self.producer, ttl_s=self.HEARTBEAT_S * 3)
+                self.store.beat(self.producer, ttl_s=PRODUCER_BEAT_TTL_S)
             except Exception:
                 logger.exception("Engine heartbeat failed")
-            if self._stopping.wait(self.HEARTBEAT_S):
+            if self._stopping.wait(PRODUCER_BEAT_S):
                 return
 
     def _take(self, count: int, *, wait: bool, decoding: int | None = None) -> list[Job] | None:
@@ -618,7 +614,7 @@ class Engine:
             self.active -= 1
             self.generated_tokens += final.completion_tokens
         if final.status == "interrupted":  # as the reaper tells a dead process's readers
-            self._append_quietly(job.stream_id, "error", {"message": "interrupted", **final.summary()})
+            self._append_quietly(job.stream_id, *interrupted_event(**final.summary()))
         elif final.status == "error":
             self._append_quietly(job.stream_id, "error", {"message": final.error, **final.summary()})
         else:

@@ -19,6 +19,21 @@ TERMINAL_EVENTS = frozenset({"done", "error"})
 # Sequence numbers are Redis stream ids' sequence part: at most a signed 64-bit integer here.
 MAX_SEQUENCE = 2**63 - 1
 
+# Every producer (an engine, a model-server pool, a Celery worker) beats this often, and a
+# beat lives three periods: one late beat on a busy machine does not get a live producer's
+# runs reaped, and a dead one's are found within 6 s, settled by housekeeping within the
+# 15 s promised (docs/scaling.md).
+PRODUCER_BEAT_S = 2.0
+PRODUCER_BEAT_TTL_S = 3 * PRODUCER_BEAT_S
+
+
+def interrupted_event(**data: Any) -> tuple[str, dict[str, Any]]:
+    """The terminal event of an answer whose producer could not finish it (its process
+    stopped, or it died and was reaped): an `error` that readers know by its message,
+    "interrupted", after which the saved answer holds the text written so far. Every
+    producer and the reaper end such a stream with this one event."""
+    return "error", {"message": "interrupted", **data, "status": "interrupted"}
+
 
 @dataclass(frozen=True)
 class StreamEvent:
@@ -139,9 +154,9 @@ class InMemoryStreamStore:
             running = None
         for loop in loops:
             if loop is running:  # a producer on its readers' loop (the upstream pool's on the web server's)
-                loop.call_soon(self._wake, loop)
+                loop.call_soon(self.wake_readers, loop)
             elif not loop.is_closed():  # a producer in a thread of its own: wake the readers' loop
-                loop.call_soon_threadsafe(self._wake, loop)
+                loop.call_soon_threadsafe(self.wake_readers, loop)
 
     def exists(self, stream_id: str) -> bool:
         with self._lock:
@@ -202,7 +217,9 @@ class InMemoryStreamStore:
             except TimeoutError:
                 yield []
 
-    def _wake(self, loop: asyncio.AbstractEventLoop) -> None:
+    def wake_readers(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Wake the readers on `loop` that appends since the last call were for: run on
+        that loop, once per batch of appends (append_many) rather than once per stream."""
         with self._lock:
             waiters = self._to_wake.pop(loop, [])
         for waiter in waiters:

@@ -24,7 +24,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from django.db import DatabaseError, connections
 
-from generation import logs
+from infrastructure import logs
 
 P = ParamSpec("P")
 T = TypeVar("T")

@@ -1,6 +1,6 @@
 """Prometheus metrics (prometheus_client): HTTP requests, generations, engines, model servers.
 
-Each process exports its own: a web process on `/metrics` (generation.views.metrics), a
+Each process exports its own: a web process on `/metrics` (chatsite.probes.metrics), a
 Celery generation worker on its own port (WORKER_METRICS_PORT, generation.worker). The
 generation figures are observed where a generation ends, so a worker counts those it ran.
 Engine and endpoint states are read when scraped (LoadCollector), not kept twice.

@@ -13,12 +13,12 @@ from django.test import Client
 
 from accounts import rate_limit
 from accounts.models import DEFAULT_PLAN, Plan
-from generation import backends, runtime
-from generation.database import close_connections
+from generation.backends import runtime
 from inference.engine import Engine
 from inference.generators import Generator, SyntheticGenerator, load_generator
 from inference.registry import resolve_model
 from inference.streams import InMemoryStreamStore
+from infrastructure.database import close_connections
 from tests.livesite import STARTED, LiveSite
 from tests.support import PASSWORD
 from tests.support.engines import install_engine
@@ -108,7 +108,7 @@ def _no_response_cache_unless_asked(settings):
 def _requests_counted_afresh(settings, monkeypatch):
     # Each test's users have the ids of earlier tests' users (the database rolls back), and
     # requests per minute are counted for 60 s by user id: start each test with none.
-    monkeypatch.setattr(rate_limit, "_local_log", rate_limit.LocalRequestLog())
+    monkeypatch.setattr(rate_limit, "local_log", rate_limit.LocalRequestLog())
     if settings.REDIS_URL:
         prefix = f"{settings.REDIS_KEY_PREFIX}-test-{uuid.uuid4().hex[:12]}"  # its keys expire in 60 s
         settings.CACHES = {"default": {**settings.CACHES["default"], "KEY_PREFIX": prefix}}
@@ -139,13 +139,13 @@ def bob_client(bob) -> Client:
 
 
 @pytest.fixture
-def stream_store(monkeypatch) -> InMemoryStreamStore:
-    """A fresh stream store, and no engines, for this test's runtime."""
+def stream_store() -> Iterator[InMemoryStreamStore]:
+    """A runtime of this test's own: a fresh stream store, no engines, and a backend chosen
+    again from this test's settings."""
     store = InMemoryStreamStore()
-    monkeypatch.setattr(runtime, "_store", store)
-    monkeypatch.setattr(runtime, "_engines", {})
-    monkeypatch.setattr(backends, "_backend", None)  # chosen again, from this test's settings
-    return store
+    previous = runtime.use(runtime.Runtime(store=store))
+    yield store
+    runtime.use(previous)
 
 
 @pytest.fixture(scope="session")

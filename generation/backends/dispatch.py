@@ -17,7 +17,7 @@ from typing import Any
 from celery import signature
 from django.db import transaction
 
-from inference.admission import Admission
+from inference.admission import DeploymentAdmission
 from inference.backend import GenerationTask
 from inference.engine import EngineOverloaded
 from inference.streams import StreamStore
@@ -36,8 +36,17 @@ class CeleryDispatcher:
     producer = QUEUE_PRODUCER
     generated_tokens = 0  # counted by the workers, which generate
 
-    def __init__(self, model: str, load_tokenizer: Callable[[], Any], store: StreamStore, admission: Admission) -> None:
+    def __init__(
+        self,
+        model: str,
+        load_tokenizer: Callable[[], Any],
+        store: StreamStore,
+        admission: DeploymentAdmission,
+        *,
+        enqueue: Callable[[GenerationTask], None] | None = None,
+    ) -> None:
         self.model = model
+        self._enqueue = enqueue or _send_to_the_queue
         self._load = load_tokenizer
         self.store = store
         self.admission = admission
@@ -111,7 +120,8 @@ class CeleryDispatcher:
             self.admission.release(self.model, task.stream_id)
             raise
 
-    def _enqueue(self, task: GenerationTask) -> None:
-        # To the `generation` queue (CELERY_TASK_ROUTES). Named, not imported: the tasks
-        # module reaches this one through the services.
-        signature(GENERATE_TASK, args=(task.to_json(),)).delay()
+
+def _send_to_the_queue(task: GenerationTask) -> None:
+    # To the `generation` queue (CELERY_TASK_ROUTES). Named, not imported: the tasks
+    # module reaches this one through the services.
+    signature(GENERATE_TASK, args=(task.to_json(),)).delay()

@@ -16,13 +16,13 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, connections, transaction
 
 from accounts.services import usage_finish
-from generation.database import on_database_thread
-from generation.logs import log_generation
-from generation.metrics import observe_generation
+from generation.backends.response_cache import response_cache_fill
 from generation.models import Message
-from generation.response_cache import response_cache_fill
 from inference.backend import GenerationTask
 from inference.engine import GenerationResult, Job
+from infrastructure.database import on_database_thread
+from infrastructure.logs import log_generation
+from infrastructure.metrics import observe_generation
 
 TITLE_TASK = "generation.title"
 

@@ -14,12 +14,12 @@ from django.db import transaction
 
 from accounts.models import UsageRecord
 from accounts.services import usage_finish
-from generation import runtime
-from generation.backends import backend
-from generation.dispatch import QUEUE_PRODUCER
+from generation.backends import runtime
+from generation.backends.dispatch import QUEUE_PRODUCER
+from generation.backends.router import backend
 from generation.models import Message
 from inference.engine import INTERRUPTED
-from inference.streams import StreamNotFound, StreamStore
+from inference.streams import StreamNotFound, StreamStore, interrupted_event
 
 logger = logging.getLogger(__name__)
 
@@ -34,9 +34,7 @@ def message_mark_interrupted(message: Message) -> Message:
     )
     if settled and message.stream_id:
         with contextlib.suppress(StreamNotFound, ValueError):  # gone, or ended meanwhile
-            runtime.stream_store().append(
-                message.stream_id, "error", {"message": "interrupted", "status": Message.Status.INTERRUPTED}
-            )
+            runtime.stream_store().append(message.stream_id, *interrupted_event())
     message.refresh_from_db()
     return message
 
@@ -82,7 +80,7 @@ def messages_settle_orphans() -> int:
             continue
         _usage_interrupted(record)
         with contextlib.suppress(StreamNotFound, ValueError):
-            store.append(record.stream_id, "error", {"message": "interrupted", "status": Message.Status.INTERRUPTED})
+            store.append(record.stream_id, *interrupted_event())
     return settled
 
 

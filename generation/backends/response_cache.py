@@ -24,7 +24,7 @@ from typing import Any
 from django.conf import settings
 from django.core.cache import cache
 
-from generation import runtime
+from generation.backends import runtime
 from inference.engine import GenerationResult
 from inference.generators import GenerationParams, Prompt
 

@@ -17,9 +17,10 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections
 
 from accounts.models import UsageRecord
-from generation import runtime
-from generation.dispatch import QUEUE_PRODUCER, CeleryDispatcher
-from generation.jobs import job_for
+from generation.backends import runtime
+from generation.backends.dispatch import QUEUE_PRODUCER, CeleryDispatcher
+from generation.backends.jobs import job_for
+from generation.checks import configured_upstreams
 from generation.models import UpstreamEndpoint
 from inference.backend import GenerationBackend, GenerationTask, ModelLoad
 from inference.engine import EngineOverloaded
@@ -61,9 +62,6 @@ class InProcessBackend:
     def starts_early(self, model: str) -> bool:
         return False  # the engine sizes a run by its max_tokens when it takes it
 
-    def cancel(self, stream_id: str) -> bool:
-        return runtime.stream_store().cancel(stream_id)
-
     def ready(self) -> bool:
         return runtime.local_engine().ready
 
@@ -95,7 +93,7 @@ class CeleryBackend:
     """Generations run on Celery workers (GENERATION_BACKEND=celery).
 
     Web processes hold only each model's tokenizer, to count prompt tokens, and admit
-    generations across all processes in Redis before queueing them (generation/dispatch.py).
+    generations across all processes in Redis before queueing them (generation/backends/dispatch.py).
     """
 
     def __init__(self, dispatchers: dict[str, CeleryDispatcher] | None = None) -> None:
@@ -143,9 +141,6 @@ class CeleryBackend:
     def starts_early(self, model: str) -> bool:
         return False  # a worker claims the run's ledger record before it generates
 
-    def cancel(self, stream_id: str) -> bool:
-        return runtime.stream_store().cancel(stream_id)
-
     def ready(self) -> bool:
         return self.dispatcher().ready and not self._stopping.is_set()
 
@@ -191,7 +186,7 @@ class CeleryBackend:
 class UpstreamBackend:
     """Generations on model servers of their own (CHAT_UPSTREAMS and the admin's endpoints).
 
-    This process streams them (inference/upstream.py); their tokens go through the stream
+    This process streams them (inference/upstream/); their tokens go through the stream
     store like any other, so any web process serves, resumes or stops them. Endpoints
     saved in the admin are picked up within REFRESH_S.
     """
@@ -217,7 +212,7 @@ class UpstreamBackend:
         except DatabaseError:  # a database hiccup must not take the other models down with it
             logger.warning("Could not read the upstream endpoints; serving the ones known", exc_info=True)
             return
-        self.pool.configure([*settings.CHAT_UPSTREAMS, *saved])
+        self.pool.configure([*configured_upstreams(), *saved])
 
     def models(self) -> list[str]:
         self.refresh()
@@ -287,9 +282,6 @@ class UpstreamBackend:
         # The server reads the prompt while the ledger writes: the first token waits for
         # the slower of the two, not for both.
         return True
-
-    def cancel(self, stream_id: str) -> bool:
-        return runtime.stream_store().cancel(stream_id)
 
     def ready(self) -> bool:
         return True
@@ -362,9 +354,6 @@ class ModelRouter:
     def starts_early(self, model: str) -> bool:
         return self._for(model).starts_early(model)
 
-    def cancel(self, stream_id: str) -> bool:
-        return runtime.stream_store().cancel(stream_id)
-
     def ready(self) -> bool:
         return self.own.ready()
 
@@ -387,6 +376,18 @@ class ModelRouter:
     def housekeep(self) -> None:
         self.own.housekeep()
 
+    # The model servers' side, for the admin, /metrics and the web server's start-up.
+    def endpoint_snapshots(self) -> list[dict[str, Any]]:
+        """Each model-server endpoint's state, requests in flight, errors and first token."""
+        return self.upstream.pool.snapshots()
+
+    def endpoints_refresh(self) -> None:
+        """Read the endpoints' settings again now (the admin saved them), not within seconds."""
+        self.upstream.refresh(force=True)
+
+    def serve_on_running_loop(self) -> None:
+        self.upstream.serve_on_running_loop()
+
 
 def in_parallel(*calls: Callable[[], None]) -> None:
     """Run the calls on threads of their own and wait for all (shutdowns that each wait)."""
@@ -397,19 +398,20 @@ def in_parallel(*calls: Callable[[], None]) -> None:
         thread.join()
 
 
-_backend: ModelRouter | None = None
 _backend_lock = threading.Lock()
 
 
 def backend() -> ModelRouter:
-    """The backend this deployment runs generations on, chosen once: GENERATION_BACKEND
-    picks its own (in-process or Celery); the upstream endpoints serve their models."""
-    global _backend
+    """The backend this deployment runs generations on, chosen once per runtime:
+    GENERATION_BACKEND picks its own (in-process or Celery); the upstream endpoints serve
+    their models."""
+    current = runtime.current()
     with _backend_lock:
-        if _backend is None:
+        if current.backend is None:
             own = CeleryBackend() if settings.GENERATION_BACKEND == "celery" else InProcessBackend()
-            _backend = ModelRouter(own, UpstreamBackend())
-        return _backend
+            current.backend = ModelRouter(own, UpstreamBackend())
+        assert isinstance(current.backend, ModelRouter)
+        return current.backend
 
 
 def _housekeep_inline() -> None:

@@ -1,9 +1,9 @@
-"""This process's shared parts, built from settings on first use: the stream store, the
-engines it runs itself, and the Redis admission bound.
+"""This process's runtime: one object holding its shared parts, each built from settings
+on first use: the stream store, the engines it runs itself, the Redis admission bound and
+the backend that runs generations (chosen by generation/backends/router.py).
 
-Which backend runs generations is decided once, in generation/backends.py; nothing here
-depends on it. A web process of the in-process backend and a Celery generation worker
-both run their models through local_engine().
+A web process of the in-process backend and a Celery generation worker both run their
+models through local_engine(). Tests give each test a runtime of its own with `use`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from functools import partial
 
 from django.conf import settings
 
-from inference.admission import Admission
+from inference.admission import DeploymentAdmission
 from inference.engine import Engine
 from inference.generators import load_generator
 from inference.redis_streams import RedisStreamStore
@@ -26,23 +26,6 @@ from inference.streams import InMemoryStreamStore, StreamStore
 # Who generates in this process: unique per process start, so a restarted process
 # can tell its predecessor's unfinished answers from live ones.
 PRODUCER = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-_lock = threading.Lock()
-_store: StreamStore | None = None
-_admission: Admission | None = None
-_engines: dict[str, Engine] = {}
-
-
-def stream_store() -> StreamStore:
-    """Redis Streams when REDIS_URL is set (shared by all processes), else in memory."""
-    global _store
-    with _lock:
-        if _store is None:
-            if settings.REDIS_URL:
-                _store = RedisStreamStore(settings.REDIS_URL, prefix=settings.REDIS_KEY_PREFIX)
-            else:
-                _store = InMemoryStreamStore()
-        return _store
 
 
 def model_names() -> list[str]:
@@ -78,50 +61,102 @@ def max_concurrent(spec: ModelSpec) -> int:
     )
 
 
+class Runtime:
+    """This process's stream store, engines, admission bound and backend."""
+
+    def __init__(self, *, store: StreamStore | None = None, admission: DeploymentAdmission | None = None) -> None:
+        self._lock = threading.Lock()
+        self._store = store
+        self._admission = admission
+        self.engines: dict[str, Engine] = {}  # by model; a test may put its own here
+        self.backend: object | None = None  # the ModelRouter, once router.backend() chose it
+
+    def stream_store(self) -> StreamStore:
+        """Redis Streams when REDIS_URL is set (shared by all processes), else in memory."""
+        with self._lock:
+            if self._store is None:
+                if settings.REDIS_URL:
+                    self._store = RedisStreamStore(settings.REDIS_URL, prefix=settings.REDIS_KEY_PREFIX)
+                else:
+                    self._store = InMemoryStreamStore()
+            return self._store
+
+    def local_engine(self, model: str | None = None) -> Engine:
+        """This process's engine for `model` (default CHAT_MODEL), started; raises UnknownModel."""
+        name = model or settings.CHAT_MODEL
+        store = self.stream_store()
+        with self._lock:
+            if name not in self.engines:
+                self.engines[name] = _engine_for(model_spec(name), store)
+            found = self.engines[name]
+        found.start()
+        return found
+
+    def local_engines(self) -> dict[str, Engine]:
+        """The engines this process runs, by model."""
+        with self._lock:
+            return dict(self.engines)
+
+    def admission(self) -> DeploymentAdmission:
+        """The deployment-wide bound on running plus waiting generations, in Redis."""
+        with self._lock:
+            if self._admission is None:
+                assert settings.REDIS_URL, "the admission bound lives in Redis: REDIS_URL is needed"
+                self._admission = DeploymentAdmission(
+                    settings.REDIS_URL, prefix=settings.REDIS_KEY_PREFIX, max_queue=settings.GENERATION_MAX_QUEUE
+                )
+            return self._admission
+
+
+def _engine_for(spec: ModelSpec, store: StreamStore) -> Engine:
+    load = partial(
+        load_generator,
+        spec,
+        cache_dir=settings.MODEL_CACHE_DIR,
+        device=settings.CHAT_DEVICE,
+        dtype=settings.CHAT_DTYPE,
+        quantization=settings.CHAT_QUANTIZATION,
+        synthetic_tokens_per_s=settings.CHAT_SYNTHETIC_TOKENS_PER_S,
+    )
+    return Engine(
+        load,
+        store,
+        scheduler=settings.GENERATION_SCHEDULER,
+        max_queue=settings.GENERATION_MAX_QUEUE,
+        max_concurrent=max_concurrent(spec),
+        producer=PRODUCER,
+        cuda_graphs=settings.GENERATION_CUDA_GRAPHS,
+        slot_tokens=settings.GENERATION_SLOT_TOKENS,
+    )
+
+
+_current = Runtime()
+
+
+def current() -> Runtime:
+    return _current
+
+
+def use(runtime: Runtime) -> Runtime:
+    """Make `runtime` this process's from now on, and return the one it replaces (tests:
+    a fresh store, engines and backend for each test)."""
+    global _current
+    previous, _current = _current, runtime
+    return previous
+
+
+# The parts of the current runtime, for callers that need one of them.
+def stream_store() -> StreamStore:
+    return _current.stream_store()
+
+
 def local_engine(model: str | None = None) -> Engine:
-    """This process's engine for `model` (default CHAT_MODEL), started; raises UnknownModel."""
-    name = model or settings.CHAT_MODEL
-    store = stream_store()
-    with _lock:
-        if name not in _engines:
-            spec = model_spec(name)
-            load = partial(
-                load_generator,
-                spec,
-                cache_dir=settings.MODEL_CACHE_DIR,
-                device=settings.CHAT_DEVICE,
-                dtype=settings.CHAT_DTYPE,
-                quantization=settings.CHAT_QUANTIZATION,
-                synthetic_tokens_per_s=settings.CHAT_SYNTHETIC_TOKENS_PER_S,
-            )
-            _engines[name] = Engine(
-                load,
-                store,
-                scheduler=settings.GENERATION_SCHEDULER,
-                max_queue=settings.GENERATION_MAX_QUEUE,
-                max_concurrent=max_concurrent(spec),
-                producer=PRODUCER,
-                cuda_graphs=settings.GENERATION_CUDA_GRAPHS,
-                slot_tokens=settings.GENERATION_SLOT_TOKENS,
-            )
-        found = _engines[name]
-    found.start()
-    return found
+    return _current.local_engine(model)
 
 
 def local_engines() -> dict[str, Engine]:
-    """The engines this process runs, by model."""
-    with _lock:
-        return dict(_engines)
+    return _current.local_engines()
 
 
-def admission() -> Admission:
-    """The deployment-wide bound on running plus waiting generations, in Redis."""
-    global _admission
-    with _lock:
-        if _admission is None:
-            assert settings.REDIS_URL, "the admission bound lives in Redis: REDIS_URL is needed"
-            _admission = Admission(
-                settings.REDIS_URL, prefix=settings.REDIS_KEY_PREFIX, max_queue=settings.GENERATION_MAX_QUEUE
-            )
-        return _admission
+def admission() -> DeploymentAdmission:
+    return _current.admission()

@@ -37,197 +37,24 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import aiohttp
-from aiohttp.helpers import get_env_proxy_for_url
-from aiohttp.http_exceptions import LineTooLong
-from yarl import URL
 
-from inference.backend import Admission
+from inference.backend import LedgerVerdict
 from inference.engine import INTERRUPTED, EngineOverloaded, GenerationResult, Job, failure_message
 from inference.fair_queue import FairQueue
-from inference.generators import Prompt
-from inference.streams import StreamStore
+from inference.streams import PRODUCER_BEAT_S, PRODUCER_BEAT_TTL_S, StreamStore, interrupted_event
+from inference.upstream.endpoints import Circuit, Endpoint, EndpointState, NoEndpointAvailable, UpstreamFailed
+from inference.upstream.wire import client_session, estimate_tokens, json_chunks, openai_tool_call_deltas
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-
-# What an upstream model can do that the in-process engine cannot: request fields passed through.
-PASSTHROUGH_FIELDS = (
-    *("tools", "tool_choice", "parallel_tool_calls", "response_format", "logprobs", "top_logprobs"),
-    *("frequency_penalty", "presence_penalty", "logit_bias"),
-)
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """One model server serving one public model name."""
-
-    name: str  # unique: shown in the admin and metrics
-    model: str  # the public model name clients ask for
-    base_url: str  # ends with /v1
-    upstream_model: str  # the name the server knows it by
-    api_key: str = field(default="", repr=False)
-    max_concurrent: int = 16
-    weight: float = 1.0
-    connect_timeout_s: float = 5.0
-    first_token_timeout_s: float = 60.0
-    read_timeout_s: float = 60.0  # the longest silence between two chunks
-    context_length: int | None = None  # None: unknown, the server refuses what doesn't fit
-    # A tokenizer like the server's (a registry name, a local directory or a hub id): counts
-    # the prompt at admission, and the answer when the server reports no usage.
-    tokenizer: str | None = None
-    # The proxy, and its credentials, that the environment names for the server: read once
-    # here (off the loop) by aiohttp's own rules (HTTP(S)_PROXY, NO_PROXY, ~/.netrc), as
-    # its trust_env would on two threads for each request.
-    proxy: URL | None = field(init=False, repr=False, compare=False)
-    proxy_auth: aiohttp.BasicAuth | None = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        try:
-            proxy, proxy_auth = get_env_proxy_for_url(URL(self.base_url))
-        except LookupError:  # none, or the server is in NO_PROXY
-            proxy, proxy_auth = None, None
-        object.__setattr__(self, "proxy", proxy)
-        object.__setattr__(self, "proxy_auth", proxy_auth)
-
-    @property
-    def headers(self) -> dict[str, str]:
-        """What every request to the server carries: its API key, when it has one."""
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-
-    def url(self, path: str) -> str:
-        """The address of one of the server's API paths (`chat/completions`, `models`)."""
-        return f"{self.base_url.rstrip('/')}/{path}"
-
-
-def endpoint_from_json(data: Any, name: str) -> Endpoint:
-    """An Endpoint from a JSON object (CHAT_UPSTREAMS); ValueError naming what is wrong."""
-    if not isinstance(data, dict):
-        raise ValueError("each upstream is a JSON object")
-    required = {"model", "base_url", "upstream_model"}
-    known = required | {f.name for f in fields(Endpoint) if f.init and f.name != "name"}
-    if missing := required - data.keys():
-        raise ValueError(f"an upstream needs {', '.join(sorted(missing))}")
-    if unknown := data.keys() - known:
-        raise ValueError(f"unknown upstream fields: {', '.join(sorted(unknown))}")
-    if not str(data["base_url"]).startswith(("http://", "https://")):
-        raise ValueError(f"base_url must be an http(s) URL, not {data['base_url']!r}")
-    endpoint = Endpoint(name=name, **data)
-    if endpoint.max_concurrent < 1 or endpoint.weight <= 0:
-        raise ValueError("max_concurrent must be at least 1 and weight above 0")
-    return endpoint
-
-
-class NoEndpointAvailable(EngineOverloaded):
-    """No endpoint of the model can take a request now (down, circuit open, or none)."""
-
-
-class UpstreamFailed(Exception):
-    """An endpoint failed a request; `before_first_token`: another one may take it."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        status: int = 502,
-        code: str = "upstream_error",
-        retry: bool = True,
-        detail: str | None = None,
-        opens_circuit: bool = True,
-    ) -> None:
-        super().__init__(message)
-        self.status, self.code, self.retry = status, code, retry
-        # Whether it says the endpoint is unwell, so that failures in a row open its circuit.
-        self.opens_circuit = opens_circuit
-        # The server's own words, for the log: a failing server's message can carry its
-        # traceback or its device's state, which clients are not shown.
-        self.detail = detail or message
-
-
-class Circuit:
-    """Closed until `threshold` consecutive failures; then open for `open_s`; then one probe."""
-
-    def __init__(self, threshold: int, open_s: float) -> None:
-        self.threshold, self.open_s = threshold, open_s
-        self.failures = 0
-        self.opened_at: float | None = None
-        self.probing = False
-
-    @property
-    def state(self) -> str:
-        if self.opened_at is None:
-            return "closed"
-        return "half-open" if self.probing or time.monotonic() >= self.opened_at + self.open_s else "open"
-
-    def allows(self) -> bool:
-        if self.opened_at is None:
-            return True
-        return not self.probing and time.monotonic() >= self.opened_at + self.open_s
-
-    def taken(self) -> None:
-        """A request goes to this endpoint; past an open circuit's wait, it is the one probe."""
-        if self.opened_at is not None:
-            self.probing = True
-
-    def succeeded(self) -> None:
-        self.failures, self.opened_at, self.probing = 0, None, False
-
-    def failed(self) -> None:
-        self.failures += 1
-        if self.probing or self.failures >= self.threshold:
-            self.opened_at, self.probing = time.monotonic(), False
-
-
-@dataclass
-class EndpointState:
-    endpoint: Endpoint
-    circuit: Circuit
-    outstanding: int = 0
-    healthy: bool = True
-    requests: int = 0
-    errors: int = 0
-    ttft_s: float | None = None  # moving average of the time to first token
-
-    @property
-    def state(self) -> str:
-        if self.circuit.state != "closed":
-            return f"circuit {self.circuit.state}"
-        return "up" if self.healthy else "down"
-
-    def available(self) -> bool:
-        return self.healthy and self.circuit.allows()
-
-    def snapshot(self) -> dict[str, Any]:
-        return {
-            "name": self.endpoint.name,
-            "model": self.endpoint.model,
-            "base_url": self.endpoint.base_url,
-            "state": self.state,
-            "in_flight": self.outstanding,
-            "max_concurrent": self.endpoint.max_concurrent,
-            "requests": self.requests,
-            "errors": self.errors,
-            "ttft_ms": None if self.ttft_s is None else round(self.ttft_s * 1000, 1),
-        }
-
-
-def estimate_tokens(text: str) -> int:
-    """Tokens in a text when no tokenizer is known: about four characters each."""
-    return math.ceil(len(text) / 4)
-
-
-def estimate_prompt_tokens(prompt: Prompt) -> int:
-    if isinstance(prompt, str):
-        return estimate_tokens(prompt)
-    return sum(estimate_tokens(message["content"]) + 4 for message in prompt)  # + the role's markers
 
 
 @dataclass
@@ -246,7 +73,7 @@ class _Run:
     last_progress: float = field(default_factory=time.monotonic)
     usage: dict[str, int] | None = None
     finish_reason: str = "stop"
-    admission: Admission | None = None  # when it started before its admission was written
+    admission: LedgerVerdict | None = None  # when it started before its admission was written
     max_tokens: int | None = None  # as sent to the server
     tool_calls_begun: set[int] = field(default_factory=set)  # the indexes of its tool calls so far
     tool_call_text: list[str] = field(default_factory=list)  # their names and arguments, to count
@@ -268,7 +95,6 @@ class _Run:
 
 class UpstreamPool:
     # Beats live three periods, as the engine's: the reaper tells a dead process's runs by them.
-    HEARTBEAT_S = 2.0
 
     def __init__(
         self,
@@ -355,7 +181,7 @@ class UpstreamPool:
         prompt_tokens: int,
         body: dict[str, Any],
         count_tokens: Callable[[str], int] | None = None,
-        admission: Admission | None = None,
+        admission: LedgerVerdict | None = None,
     ) -> None:
         """Start streaming `body` (an OpenAI request without model and stream fields) from
         one of `model`'s endpoints. Raises NoEndpointAvailable, or EngineOverloaded when
@@ -468,7 +294,7 @@ class UpstreamPool:
     def _begin_serving(self) -> None:
         """On the pool's loop: its HTTP session, its waiting room, its background tasks."""
         loop = asyncio.get_running_loop()
-        self._client = _session()
+        self._client = client_session()
         self._room = asyncio.Condition()
         self._background = [
             loop.create_task(self._poll_cancels()),
@@ -621,7 +447,7 @@ class UpstreamPool:
                     )
                     if response.status >= 400:
                         raise await self._refusal(response, run)
-                    chunks = _chunks(response)
+                    chunks = json_chunks(response)
                     async for chunk in chunks:
                         if self._take(run, chunk, chat):
                             break  # the first token: from now on only the read timeout applies
@@ -773,7 +599,7 @@ class UpstreamPool:
             data = {"message": result.error, "status_code": failure.status, "code": failure.code, **summary}
             self._append(job.stream_id, "error", data)
         elif result.status == "interrupted":  # as the engine's and the reaper's
-            self._append(job.stream_id, "error", {"message": "interrupted", **summary})
+            self._append(job.stream_id, *interrupted_event(**summary))
         else:
             self._append(job.stream_id, "done", summary)
 
@@ -835,10 +661,10 @@ class UpstreamPool:
         has no engine beating for it)."""
         while True:
             try:
-                await self._in_store(self.store.beat, self.producer, ttl_s=self.HEARTBEAT_S * 3)
+                await self._in_store(self.store.beat, self.producer, ttl_s=PRODUCER_BEAT_TTL_S)
             except Exception:
                 logger.exception("Upstream heartbeat failed")
-            await asyncio.sleep(self.HEARTBEAT_S)
+            await asyncio.sleep(PRODUCER_BEAT_S)
 
     async def _check_health(self) -> None:
         assert self._client is not None
@@ -876,68 +702,6 @@ class UpstreamPool:
                     state.healthy = healthy
             await self._notify()
             await asyncio.sleep(self.health_interval_s)
-
-
-def openai_tool_call_deltas(deltas: list[dict[str, Any]], begun: set[int]) -> list[dict[str, Any]]:
-    """Tool-call deltas as OpenAI streams them: a call's `id`, `type` and function `name` in
-    its first delta only, its arguments in pieces. llama.cpp's server repeats all three in
-    every delta, which clients that join deltas (the openai SDK's stream helper) would turn
-    into `get_weatherget_weather…`. `begun`, the indexes seen so far, is updated."""
-    normalised = []
-    for delta in deltas:
-        index = delta.get("index", 0)
-        if index in begun:
-            delta = {key: value for key, value in delta.items() if key not in ("id", "type")}
-            if isinstance(delta.get("function"), dict):
-                delta["function"] = {key: value for key, value in delta["function"].items() if key != "name"}
-        begun.add(index)
-        normalised.append(delta)
-    return normalised
-
-
-# The longest line of an event stream taken from a model server: a chunk of logprobs or of
-# a tool call's arguments can be long, but not without end.
-MAX_LINE_BYTES = 4 * 2**20
-
-
-def _session() -> aiohttp.ClientSession:
-    """The pool's one HTTP session, made on its running loop. No cap on connections: each endpoint
-    caps its own requests (`max_concurrent`). Proxies come with each request (`Endpoint.proxy`):
-    trust_env would look them up, and a ~/.netrc entry for the server, on a thread for every
-    request, and that entry would fail any request that sends an API key."""
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
-
-
-async def _chunks(response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
-    """The JSON chunks of an OpenAI-style event stream, until `data: [DONE]`."""
-    lines = response.content
-    sent_data = False
-    while True:
-        try:
-            line = await lines.readline(max_line_length=MAX_LINE_BYTES)
-        except LineTooLong:
-            # One answer's fault, not the server's: it fails over, and opens no circuit.
-            raise UpstreamFailed(
-                f"The model server sent a line over {MAX_LINE_BYTES} bytes.", opens_circuit=False
-            ) from None
-        if not line:
-            if sent_data:
-                return  # the body ended without [DONE]: what came is the answer
-            # Not even an empty answer: llama.cpp's Python server, say, ends a stream so
-            # when the prompt is longer than its context. This request's fault, like a 500.
-            raise UpstreamFailed("The model server ended the answer without sending any of it.", opens_circuit=False)
-        if not line.startswith(b"data:"):
-            continue  # comments, ids, blank lines
-        data, sent_data = line[5:].strip(), True
-        if data == b"[DONE]":
-            return
-        try:
-            chunk = json.loads(data)
-        except ValueError:
-            raise UpstreamFailed("The model server sent a chunk that is not JSON.") from None
-        if not isinstance(chunk, dict):
-            raise UpstreamFailed("The model server sent a chunk that is not a JSON object.")
-        yield chunk
 
 
 def _call_safely(callback: Callable[[Any], None], argument: Any) -> None:

@@ -24,8 +24,8 @@ from accounts.services import (
     usage_finish_from_cache,
     usage_withdraw,
 )
-from generation.dispatch import QUEUE_PRODUCER
-from generation.reaping import generation_abandon
+from generation.backends.dispatch import QUEUE_PRODUCER
+from generation.backends.reaping import generation_abandon
 
 pytestmark = pytest.mark.django_db
 

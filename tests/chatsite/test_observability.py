@@ -16,7 +16,7 @@ from prometheus_client import REGISTRY
 
 from accounts.services import api_key_create
 from chatsite.observability import RequestLog, route_of
-from generation import logs
+from infrastructure import logs
 from tests.support.api_client import CHAT, post
 
 # The engine's thread saves the usage record: it must see the test's rows.

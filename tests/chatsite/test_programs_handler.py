@@ -16,7 +16,7 @@ from django.db.backends.signals import connection_created
 
 from accounts.services import api_key_create
 from chatsite.handlers import ProgramsHandler
-from generation.database import THREAD_NAME, close_connections
+from infrastructure.database import THREAD_NAME, close_connections
 from tests.support.api_client import MODEL
 from tests.support.engines import wait_for_terminal
 from tests.support.streams import get_stream
@@ -70,7 +70,7 @@ def opened_on() -> Iterator[list[str]]:
 async def test_the_api_opens_database_connections_only_on_threads_that_keep_them(alice_key, fast_engine, opened_on):
     # A connection opened on a request's own thread would outlive the request: nothing
     # closes it (the request signals run on the request's thread, above). The engine's
-    # saves of each result run on the same kept threads (generation/database.py).
+    # saves of each result run on the same kept threads (infrastructure/database.py).
     transport = httpx.ASGITransport(app=ProgramsHandler())
     async with httpx.AsyncClient(
         transport=transport, base_url="http://localhost", headers={"Authorization": f"Bearer {alice_key}"}

@@ -21,7 +21,7 @@ import pytest
 import yaml
 from openai import OpenAI
 
-from generation.jobs import TITLE_TASK
+from generation.backends.jobs import TITLE_TASK
 from tests.livesite import (
     ROOT,
     ChatClient,

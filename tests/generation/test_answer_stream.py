@@ -7,11 +7,12 @@ from asgiref.sync import sync_to_async
 from channels.testing import ApplicationCommunicator
 from django.test import RequestFactory
 
-from generation import services, sse
+from generation import services
 from generation.models import Conversation, Message
 from generation.views import answer_events
 from inference.generators import SyntheticGenerator
 from inference.streams import StreamEvent
+from infrastructure import sse
 from tests.support.engines import install_engine, wait_for_terminal
 from tests.support.streams import answer_in_new_conversation, application, get_stream, parse_sse, session_headers
 

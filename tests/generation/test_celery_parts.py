@@ -17,8 +17,9 @@ from django.db import connections, transaction
 
 from accounts.models import UsageRecord
 from chatsite.celery import app
-from generation import backends, reaping, runtime, services, worker
-from generation.dispatch import QUEUE_PRODUCER, CeleryDispatcher
+from generation import services, worker
+from generation.backends import reaping, router, runtime
+from generation.backends.dispatch import QUEUE_PRODUCER, CeleryDispatcher
 from generation.models import Conversation, Message
 from inference.backend import GenerationTask
 from inference.engine import EngineOverloaded, GenerationResult
@@ -45,10 +46,10 @@ def test_a_task_survives_the_trip_through_json():
 def admission():
     if not os.environ.get("REDIS_URL"):
         pytest.skip("needs REDIS_URL (a real Redis)")
-    from inference.admission import Admission
+    from inference.admission import DeploymentAdmission
 
     prefix = f"chatsite-test-{uuid.uuid4().hex[:12]}"
-    bound = Admission(os.environ["REDIS_URL"], prefix=prefix, max_queue=2)
+    bound = DeploymentAdmission(os.environ["REDIS_URL"], prefix=prefix, max_queue=2)
     yield bound
     for key in bound._redis.scan_iter(match=f"{prefix}:*"):
         bound._redis.delete(key)
@@ -91,8 +92,9 @@ def test_admitted_lists_places_by_age(admission):
 def dispatcher(admission, stream_store, monkeypatch):
     queued: list[GenerationTask] = []
     stream_store.beat(QUEUE_PRODUCER, ttl_s=60)  # a generation worker is alive
-    found = CeleryDispatcher("synthetic", lambda: SyntheticGenerator(50), stream_store, admission)
-    monkeypatch.setattr(found, "_enqueue", queued.append)
+    found = CeleryDispatcher(
+        "synthetic", lambda: SyntheticGenerator(50), stream_store, admission, enqueue=queued.append
+    )
     found.queued_tasks = queued
     return found
 
@@ -132,8 +134,8 @@ def test_generation_start_under_celery_records_the_queue_as_producer(
 ):
     settings.CHAT_MODEL = "synthetic"
     settings.CHAT_ENABLE_SYNTHETIC = True
-    celery = backends.CeleryBackend({"synthetic": dispatcher})
-    monkeypatch.setattr(backends, "_backend", backends.ModelRouter(celery, backends.UpstreamBackend()))
+    celery = router.CeleryBackend({"synthetic": dispatcher})
+    runtime.current().backend = router.ModelRouter(celery, router.UpstreamBackend())
 
     with transaction.atomic():
         started = services.generation_start(
@@ -312,10 +314,8 @@ def test_reaping_asks_about_the_worker_that_claimed_a_run_the_ledger_still_has_q
 
 
 def test_reaping_gives_back_admission_places_of_runs_that_ended(alice, admission, stream_store, monkeypatch):
-    monkeypatch.setattr(runtime, "_admission", admission)
-    monkeypatch.setattr(
-        backends, "_backend", backends.ModelRouter(backends.CeleryBackend(), backends.UpstreamBackend())
-    )
+    runtime.use(runtime.Runtime(store=stream_store, admission=admission))  # the fixture's teardown restores
+    runtime.current().backend = router.ModelRouter(router.CeleryBackend(), router.UpstreamBackend())
     UsageRecord.objects.create(user=alice, channel="api", model="m", stream_id="ended", status="complete")
     UsageRecord.objects.create(user=alice, channel="api", model="m", stream_id="running", producer=runtime.PRODUCER)
     admission.register("m", "w", rows=8, ttl_s=30)

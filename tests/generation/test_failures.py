@@ -13,7 +13,8 @@ from django.db import OperationalError
 
 from accounts.models import UsageRecord
 from accounts.services import api_key_create, usage_finish
-from generation import jobs, routing
+from generation import routing
+from generation.backends import jobs
 from generation.models import Conversation, Message
 from inference.backend import GenerationTask
 from inference.engine import GenerationResult, Job, failure_message

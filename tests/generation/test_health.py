@@ -5,7 +5,7 @@ import threading
 import pytest
 from django.conf import settings
 
-from generation import runtime
+from generation.backends import runtime
 from inference.engine import Engine
 from inference.generators import SyntheticGenerator
 
@@ -24,7 +24,7 @@ def test_readyz_is_503_until_the_model_is_loaded_then_200(client, stream_store):
         return SyntheticGenerator(tokens_per_s=100)
 
     engine = Engine(slow_load, stream_store)
-    runtime._engines[settings.CHAT_MODEL] = engine
+    runtime.current().engines[settings.CHAT_MODEL] = engine
 
     loading = client.get("/readyz")
     assert loading.status_code == 503 and loading.json()["checks"]["model"] == "loading"
@@ -43,7 +43,7 @@ def test_readyz_reports_a_model_that_failed_to_load(client, stream_store):
         raise OSError("no weights")
 
     engine = Engine(broken, stream_store)
-    runtime._engines[settings.CHAT_MODEL] = engine
+    runtime.current().engines[settings.CHAT_MODEL] = engine
     engine.start()
     assert not engine.wait_ready(5)
     response = client.get("/readyz")

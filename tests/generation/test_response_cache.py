@@ -13,8 +13,8 @@ from django.test import Client
 
 from accounts.models import UsageRecord
 from accounts.services import api_key_create, usage_rollup
+from generation.backends.response_cache import CachedAnswer, response_cache_key, response_cache_lookup
 from generation.models import Conversation, Message
-from generation.response_cache import CachedAnswer, response_cache_key, response_cache_lookup
 from generation.services import message_regenerate, message_send
 from inference.generators import SYNTHETIC_TEXT, GenerationParams, SyntheticGenerator
 from tests.support.api_client import MODEL, get, post, sse

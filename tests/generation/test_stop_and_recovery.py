@@ -11,7 +11,8 @@ from django.urls import reverse
 
 from accounts.models import UsageRecord
 from accounts.services import api_key_create
-from generation import reaping, runtime, services
+from generation import services
+from generation.backends import reaping, runtime
 from generation.models import Conversation, Message
 from tests.support.engines import wait_for_terminal, wait_until
 from tests.support.streams import get_stream, parse_sse, session_headers
@@ -166,7 +167,7 @@ def test_settling_ends_the_orphans_stream_for_its_readers(alice, stream_store):
 async def test_reader_of_a_stream_whose_producer_stopped_beating_gets_the_interrupted_answer(
     alice, alice_client, stream_store, monkeypatch
 ):
-    monkeypatch.setattr("generation.sse.HEARTBEAT_S", 0.05)
+    monkeypatch.setattr("infrastructure.sse.HEARTBEAT_S", 0.05)
     conversation = await Conversation.objects.acreate(user=alice, model="m")
     orphan = await conversation.messages.acreate(
         role="assistant", status="streaming", stream_id="dead3", producer="gone", content="Partial"

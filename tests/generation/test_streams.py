@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from generation import sse
+from infrastructure import sse
 
 
 def test_sse_event_formats_id_event_and_json_data():

@@ -14,10 +14,11 @@ from django.urls import reverse
 from accounts.models import UsageRecord
 from accounts.services import api_key_create
 from api.chunks import Completion, WholeAnswer, completion_events
-from generation import backends
+from generation.backends import router
+from generation.checks import configured_upstreams, settings_check_or_stop
 from generation.models import UpstreamEndpoint
 from inference import upstream as upstream_module
-from inference.backend import Admission, GenerationTask
+from inference.backend import GenerationTask, LedgerVerdict
 from inference.engine import Job
 from inference.generators import GenerationParams
 from inference.streams import InMemoryStreamStore, StreamEvent
@@ -27,6 +28,7 @@ from inference.upstream import (
     endpoint_from_json,
     estimate_prompt_tokens,
     openai_tool_call_deltas,
+    wire,
 )
 from tests.support.api_client import CHAT, assert_error, post
 from tests.support.engines import wait_for_terminal, wait_until
@@ -53,17 +55,25 @@ def test_an_upstream_from_json_needs_its_fields_and_knows_no_others():
             endpoint_from_json(wrong, "env-1")
 
 
-def test_bad_chat_upstreams_fail_at_start_naming_the_variable(monkeypatch):
-    from chatsite.settings import env_upstreams
+def test_chat_upstreams_that_is_not_a_json_list_stops_the_settings(monkeypatch):
+    from chatsite.settings import env_json_list
 
-    monkeypatch.setenv("CHAT_UPSTREAMS", json.dumps([{"model": "remote"}]))
-    with pytest.raises(ImproperlyConfigured, match="CHAT_UPSTREAMS: an upstream needs base_url"):
-        env_upstreams("CHAT_UPSTREAMS")
     monkeypatch.setenv("CHAT_UPSTREAMS", "{not json")
-    with pytest.raises(ImproperlyConfigured, match="CHAT_UPSTREAMS"):
-        env_upstreams("CHAT_UPSTREAMS")
-    monkeypatch.setenv("CHAT_UPSTREAMS", json.dumps([ENDPOINT]))
-    assert [endpoint.name for endpoint in env_upstreams("CHAT_UPSTREAMS")] == ["env-1"]
+    with pytest.raises(ImproperlyConfigured, match="CHAT_UPSTREAMS: not JSON"):
+        env_json_list("CHAT_UPSTREAMS")
+    monkeypatch.setenv("CHAT_UPSTREAMS", json.dumps(ENDPOINT))
+    with pytest.raises(ImproperlyConfigured, match="CHAT_UPSTREAMS: a JSON list is expected"):
+        env_json_list("CHAT_UPSTREAMS")
+
+
+def test_a_bad_model_server_entry_fails_the_system_check_naming_the_variable(settings):
+    settings.CHAT_UPSTREAMS = [{"model": "remote"}]
+    with pytest.raises(ImproperlyConfigured, match="CHAT_UPSTREAMS: an upstream needs base_url"):
+        settings_check_or_stop()
+
+    settings.CHAT_UPSTREAMS = [ENDPOINT]
+    settings_check_or_stop()
+    assert [endpoint.name for endpoint in configured_upstreams()] == ["env-1"]
 
 
 def test_a_circuit_opens_after_consecutive_failures_then_lets_one_probe_through():
@@ -188,11 +198,11 @@ def test_an_endpoints_api_key_is_written_in_the_admin_and_never_shown_again(admi
 
 @pytest.mark.django_db
 def test_an_endpoint_with_a_tokenizer_counts_prompts_with_it_and_without_one_estimates(settings, stream_store, smollm):
-    settings.CHAT_UPSTREAMS = [endpoint_from_json({**ENDPOINT, "tokenizer": "smollm2-135m-instruct"}, "env-1")]
-    upstream = backends.backend().upstream
+    settings.CHAT_UPSTREAMS = [{**ENDPOINT, "tokenizer": "smollm2-135m-instruct"}]
+    upstream = router.backend().upstream
     assert upstream.count_prompt_tokens("remote", CHAT["messages"]) == smollm.count_prompt_tokens(CHAT["messages"])
 
-    settings.CHAT_UPSTREAMS = [endpoint_from_json(ENDPOINT, "env-1")]
+    settings.CHAT_UPSTREAMS = [ENDPOINT]
     upstream.refresh(force=True)
     assert upstream.count_prompt_tokens("remote", CHAT["messages"]) == estimate_prompt_tokens(CHAT["messages"])
 
@@ -211,7 +221,7 @@ def test_a_pool_serving_upstream_runs_beats_as_its_producer_so_the_reaper_spares
 
 
 def test_a_task_started_before_its_admission_travels_without_it():
-    task = GenerationTask("s", "remote", "Hi", GenerationParams(max_tokens=5), admission=Admission())
+    task = GenerationTask("s", "remote", "Hi", GenerationParams(max_tokens=5), admission=LedgerVerdict())
     data = json.loads(json.dumps(task.to_json()))
     assert data["admission"] is None
     assert GenerationTask.from_json(data).params == task.params
@@ -219,8 +229,8 @@ def test_a_task_started_before_its_admission_travels_without_it():
 
 @pytest.mark.django_db
 def test_a_task_counted_at_admission_is_not_counted_again_on_its_way_to_the_server(settings, stream_store, monkeypatch):
-    settings.CHAT_UPSTREAMS = [endpoint_from_json(ENDPOINT, "env-1")]
-    upstream = backends.backend().upstream
+    settings.CHAT_UPSTREAMS = [ENDPOINT]
+    upstream = router.backend().upstream
     upstream.refresh(force=True)
     sent: dict[str, object] = {}
     monkeypatch.setattr(upstream.pool, "submit", lambda job, **kwargs: sent.update(kwargs))
@@ -456,7 +466,7 @@ def test_a_chunk_of_an_unexpected_shape_ends_the_answer_with_an_error_not_a_hang
     ids=["a-line-over-the-limit", "a-stream-without-a-word"],
 )
 def test_an_answer_the_server_cannot_give_fails_and_opens_no_circuit(monkeypatch, chunks, done, says):
-    monkeypatch.setattr(upstream_module, "MAX_LINE_BYTES", 1000)
+    monkeypatch.setattr(wire, "MAX_LINE_BYTES", 1000)
 
     async def model_server(request: web.Request) -> web.Response:
         return event_stream(chunks, done=done)

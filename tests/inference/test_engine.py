@@ -7,7 +7,7 @@ import pytest
 
 from inference.engine import Engine, EngineOverloaded, GenerationResult, Job, failure_message
 from inference.generators import GenerationParams, SyntheticGenerator
-from inference.streams import InMemoryStreamStore
+from inference.streams import InMemoryStreamStore, interrupted_event
 from tests.support.engines import install_engine, wait_for_terminal, wait_until
 
 GREEDY = GenerationParams(max_tokens=12, temperature=0)
@@ -233,3 +233,12 @@ def test_shut_down_lets_short_answers_finish_then_interrupts_the_rest_with_their
     with pytest.raises(EngineOverloaded):
         engine.submit(job("late", 5))
     assert not engine.ready and not engine.busy()
+
+
+def test_an_interrupted_answer_ends_with_the_one_error_event_readers_know():
+    kind, data = interrupted_event(status="complete", finish_reason="error", usage={"completion_tokens": 3})
+
+    assert kind == "error"
+    assert data["message"] == "interrupted"
+    assert data["status"] == "interrupted"  # whatever the summary it carries said
+    assert data["usage"] == {"completion_tokens": 3}

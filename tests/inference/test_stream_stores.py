@@ -258,8 +258,8 @@ async def test_a_batch_of_appends_wakes_a_readers_loop_once(monkeypatch):
     store = InMemoryStreamStore()
     loop = asyncio.get_running_loop()
     wakes = []
-    wake = store._wake
-    monkeypatch.setattr(store, "_wake", lambda woken: (wakes.append(woken), wake(woken)))
+    wake = store.wake_readers
+    monkeypatch.setattr(store, "wake_readers", lambda woken: (wakes.append(woken), wake(woken)))
     for stream_id in ("a", "b", "c"):
         store.create(stream_id)
     readers = [store.read(stream_id) for stream_id in ("a", "b", "c")]

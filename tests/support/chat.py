@@ -55,7 +55,7 @@ def answered(user, *prompts: str, title: str = "") -> tuple[Conversation, list[M
 
 
 def _store():
-    from generation import runtime
+    from generation.backends import runtime
 
     return runtime.stream_store()
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from django.conf import settings as django_settings
 
-from generation import runtime
+from generation.backends import runtime
 from inference.engine import Engine
 from inference.generators import Generator
 from inference.streams import InMemoryStreamStore, StreamEvent
@@ -17,7 +17,7 @@ def install_engine(store: InMemoryStreamStore, generator: Generator, **kwargs) -
     engine = Engine(lambda: generator, store, producer=runtime.PRODUCER, **kwargs)
     engine.start()
     assert engine.wait_ready(30)
-    runtime._engines[django_settings.CHAT_MODEL] = engine
+    runtime.current().engines[django_settings.CHAT_MODEL] = engine
     return engine
 
 
