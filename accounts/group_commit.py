@@ -19,11 +19,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from functools import partial, wraps
+from typing import Generic, ParamSpec, TypeVar
 
 from django.db import transaction
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 @dataclass
@@ -49,6 +51,15 @@ class GroupCommit(Generic[T]):
         self._waiting: list[_Call[T]] = []
         self._leading = False
         self.batches = 0  # transactions run, for tests and benchmarks
+
+    def grouped(self, work: Callable[P, T]) -> Callable[P, T]:
+        """`work` as a function whose every call runs through `run`."""
+
+        @wraps(work)
+        def call(*args: P.args, **kwargs: P.kwargs) -> T:
+            return self.run(partial(work, *args, **kwargs))
+
+        return call
 
     def run(self, work: Callable[[], T]) -> T:
         if transaction.get_connection().in_atomic_block:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as dt
 import math
 from dataclasses import dataclass
-from functools import partial
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -141,6 +140,11 @@ def signup_admit(*, address: str | None) -> None:
         )
 
 
+# The group commit of every admission; tests and benchmarks count its batches.
+admissions: GroupCommit[tuple[UsageRecord, int, Quota]] = GroupCommit()
+
+
+@admissions.grouped
 def usage_admit(
     *,
     user: User,
@@ -164,43 +168,9 @@ def usage_admit(
     admission. Raises QuotaExceeded (too_many_concurrent_streams, or insufficient_quota
     when the prompt and one token of answer don't fit in what is left today).
 
-    Admissions arriving together are written in one transaction (accounts.group_commit).
+    Admissions arriving together are written in one transaction (accounts.group_commit):
+    this body runs in a transaction that the group holds.
     """
-    admit = partial(
-        _usage_admit_one,
-        user=user,
-        limits=limits,
-        requests=requests,
-        channel=channel,
-        model=model,
-        stream_id=stream_id,
-        producer=producer,
-        prompt_tokens=prompt_tokens,
-        max_tokens=max_tokens,
-        api_key=api_key,
-        cache=cache,
-    )
-    return _admissions.run(admit)
-
-
-_admissions: GroupCommit[tuple[UsageRecord, int, Quota]] = GroupCommit()
-
-
-def _usage_admit_one(
-    *,
-    user: User,
-    limits: Limits,
-    requests: int,
-    channel: str,
-    model: str,
-    stream_id: str,
-    producer: str,
-    prompt_tokens: int,
-    max_tokens: int,
-    api_key: ApiKey | None,
-    cache: str,
-) -> tuple[UsageRecord, int, Quota]:
-    """usage_admit's work, in a transaction that its caller (GroupCommit) holds."""
     now = timezone.now()
     today = _ledger_date(now)
     # Lock the account row so two requests can't both take the last stream or tokens.

@@ -35,6 +35,24 @@ def _consumes_generation(queues: Any) -> bool:
 
 
 @celeryd_init.connect
+def _check_settings(**kwargs: Any) -> None:
+    # No management command runs before a worker: a bad model or model-server setting
+    # stops it here, naming its variable, as it stops daphne (chatsite/asgi.py), before
+    # the next handler sizes the worker for the model. Celery logs and ignores a
+    # handler's Exception, so the worker is stopped with SystemExit.
+    import django
+    from django.core.exceptions import ImproperlyConfigured
+
+    django.setup()  # the checks are registered as the apps load; Celery sets up Django later
+    from generation.checks import settings_check_or_stop
+
+    try:
+        settings_check_or_stop()
+    except ImproperlyConfigured as error:
+        raise SystemExit(f"chatsite: {error}") from None
+
+
+@celeryd_init.connect
 def _size_generation_worker(conf: Any = None, options: dict[str, Any] | None = None, **kwargs: Any) -> None:
     # Each generation task is a thread waiting for its generation in the shared engine:
     # a generation worker needs one per batch row and queue place, unless -c says otherwise.

@@ -49,6 +49,12 @@ def _storable(text: str) -> str:
     return text
 
 
+def _generation_status(status: str) -> str:
+    if status not in Message.Status.values:
+        raise ValueError(f"is not one of {', '.join(Message.Status.values)}")
+    return status
+
+
 Name = Annotated[str, Field(max_length=200), AfterValidator(_storable)]
 SystemPrompt = Annotated[str, Field(max_length=MAX_SYSTEM_PROMPT_CHARS), AfterValidator(_storable)]
 MessageText = Annotated[str, Field(max_length=MAX_ANSWER_CHARS), AfterValidator(_storable)]
@@ -77,7 +83,7 @@ class MessageDocument(_Strict):
     parent: int | None = Field(default=None, ge=0)
     role: Literal["user", "assistant"]
     content: MessageText
-    status: Literal["streaming", "complete", "stopped", "error", "interrupted"] = "complete"
+    status: Annotated[str, AfterValidator(_generation_status)] = Message.Status.COMPLETE.value
     model: Name = ""
     prompt_tokens: int | None = Field(default=None, ge=0, le=2**31 - 1)
     completion_tokens: int | None = Field(default=None, ge=0, le=2**31 - 1)

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from inference.batching import Sequence, open_batch
 from inference.fair_queue import FairQueue
@@ -26,6 +26,8 @@ from inference.generators import GenerationOutcome, GenerationParams, Generator,
 from inference.streams import PRODUCER_BEAT_S, PRODUCER_BEAT_TTL_S, StreamStore, interrupted_event
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # A stream event to publish: (stream id, type, data).
 Event = tuple[str, str, dict[str, Any]]
@@ -139,6 +141,37 @@ def _overlap(text: str, stop: str) -> int:
         if stop.startswith(text[-size:]):
             return size
     return 0
+
+
+class BackgroundLoad(Generic[T]):
+    """Something slow to load (a model, a tokenizer), loaded once on a thread of its own:
+    `value` once it loaded, `error` once it failed, `wait()` until either.
+
+    The engine loads its model this way and the Celery dispatcher its tokenizer, so that a
+    web process answers its probes (not ready yet) while it loads."""
+
+    def __init__(self, load: Callable[[], T], *, what: str) -> None:
+        self._load = load
+        self._what = what
+        self.value: T | None = None
+        self.error: str | None = None
+        self._done = threading.Event()  # set once loading ended, well or not
+
+    def thread(self) -> threading.Thread:
+        """The (unstarted) thread that loads it."""
+        return threading.Thread(target=self._run, name=f"chatsite-load-{self._what}", daemon=True)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until loading ended; whether it did within `timeout`."""
+        return self._done.wait(timeout)
+
+    def _run(self) -> None:
+        try:
+            self.value = self._load()
+        except Exception as error:
+            logger.exception("The %s failed to load", self._what)
+            self.error = f"{type(error).__name__}: {error}"
+        self._done.set()
 
 
 class EngineOverloaded(RuntimeError):
@@ -276,7 +309,7 @@ class Engine:
     ) -> None:
         if scheduler not in SCHEDULERS:
             raise ValueError(f"scheduler must be one of {SCHEDULERS}, not {scheduler!r}")
-        self._load = load
+        self._loading = BackgroundLoad(load, what="model")
         self.store = store
         self.scheduler = scheduler
         self.max_queue = max_queue
@@ -285,8 +318,6 @@ class Engine:
         self.progress_interval_s = progress_interval_s
         self.cuda_graphs = cuda_graphs  # GENERATION_CUDA_GRAPHS: how the batch decodes
         self.slot_tokens = slot_tokens
-        self.generator: Generator | None = None
-        self.load_error: str | None = None
         self.active = 0
         self.generated_tokens = 0
         self._jobs: FairQueue[Job] = FairQueue()
@@ -294,7 +325,6 @@ class Engine:
         self._job_ready = threading.Condition(self._lock)
         # Sequential workers waiting for a job that no submitted job has been promised to yet.
         self._free = 0
-        self._loaded = threading.Event()  # set once loading ended, well or not
         self._stopping = threading.Event()  # no new jobs; the threads end once none is left
         self._interrupting = threading.Event()  # the jobs left end now, as interrupted
         self._threads: list[threading.Thread] = []
@@ -302,6 +332,14 @@ class Engine:
         # Saves and terminal events go out in order on their own thread, so that a slow
         # database never holds up the decoding step of every generation in the batch.
         self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chatsite-finish")
+
+    @property
+    def generator(self) -> Generator | None:
+        return self._loading.value
+
+    @property
+    def load_error(self) -> str | None:
+        return self._loading.error
 
     @property
     def ready(self) -> bool:
@@ -318,7 +356,7 @@ class Engine:
             return len(self._jobs)
 
     def wait_ready(self, timeout: float | None = None) -> bool:
-        self._loaded.wait(timeout)
+        self._loading.wait(timeout)
         return self.ready
 
     def start(self) -> None:
@@ -326,7 +364,7 @@ class Engine:
         with self._lock:
             if not self._threads:
                 self._threads = [
-                    threading.Thread(target=self._load_generator, name="chatsite-load", daemon=True),
+                    self._loading.thread(),
                     threading.Thread(target=self._beat, name="chatsite-heartbeat", daemon=True),
                 ]
                 if self.scheduler == "batched":
@@ -400,14 +438,6 @@ class Engine:
     def busy(self) -> bool:
         with self._lock:
             return self.active > 0 or bool(self._jobs)
-
-    def _load_generator(self) -> None:
-        try:
-            self.generator = self._load()
-        except Exception as error:
-            logger.exception("Model failed to load")
-            self.load_error = f"{type(error).__name__}: {error}"
-        self._loaded.set()
 
     def _beat(self) -> None:
         while True:
@@ -506,7 +536,7 @@ class Engine:
 
     def _work(self) -> None:
         """A sequential worker: one generate() call at a time."""
-        self._loaded.wait()
+        self._loading.wait()
         while jobs := self._take(1, wait=True):
             run = _Run(jobs[0], self)
             try:
@@ -523,7 +553,7 @@ class Engine:
 
     def _batch_loop(self) -> None:
         """The batched scheduler: one thread stepping every running generation together."""
-        self._loaded.wait()
+        self._loading.wait()
         batch = None
         if self.generator is not None:
             try:
@@ -535,7 +565,7 @@ class Engine:
                 )
             except Exception as error:  # e.g. no memory for the key/value slots: every job is told why
                 logger.exception("The batch could not be set up")
-                self.load_error = f"{type(error).__name__}: {error}"
+                self._loading.error = f"{type(error).__name__}: {error}"  # setting up the batch is part of loading
         runs: dict[Sequence, _Run] = {}
         outbox: list[Event] = []
         while (jobs := self._take(self.max_concurrent - len(runs), wait=not runs, decoding=len(runs))) is not None:

@@ -8,7 +8,6 @@ Redis stream store.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable
 from dataclasses import replace
@@ -19,10 +18,8 @@ from django.db import transaction
 
 from inference.admission import DeploymentAdmission
 from inference.backend import GenerationTask
-from inference.engine import EngineOverloaded
+from inference.engine import BackgroundLoad, EngineOverloaded
 from inference.streams import StreamStore
-
-logger = logging.getLogger(__name__)
 
 # The producer of a generation admitted but not yet taken by a worker. Every live worker
 # beats under this name too, so a queued generation counts as alive while some worker
@@ -47,22 +44,27 @@ class CeleryDispatcher:
     ) -> None:
         self.model = model
         self._enqueue = enqueue or _send_to_the_queue
-        self._load = load_tokenizer
         self.store = store
         self.admission = admission
         # Counts prompt tokens and knows the context length; not the model's weights.
-        self.generator: Any = None
-        self.load_error: str | None = None
-        self._loaded = threading.Event()
+        self._loading = BackgroundLoad(load_tokenizer, what="tokenizer")
         self._started = False
         self._lock = threading.Lock()
+
+    @property
+    def generator(self) -> Any:
+        return self._loading.value
+
+    @property
+    def load_error(self) -> str | None:
+        return self._loading.error
 
     @property
     def ready(self) -> bool:
         return self.generator is not None
 
     def wait_ready(self, timeout: float | None = None) -> bool:
-        self._loaded.wait(timeout)
+        self._loading.wait(timeout)
         return self.ready
 
     def start(self) -> None:
@@ -70,15 +72,7 @@ class CeleryDispatcher:
             if self._started:
                 return
             self._started = True
-        threading.Thread(target=self._load_tokenizer, name="chatsite-tokenizer", daemon=True).start()
-
-    def _load_tokenizer(self) -> None:
-        try:
-            self.generator = self._load()
-        except Exception as error:
-            logger.exception("Tokenizer failed to load")
-            self.load_error = f"{type(error).__name__}: {error}"
-        self._loaded.set()
+        self._loading.thread().start()
 
     @property
     def max_concurrent(self) -> int:

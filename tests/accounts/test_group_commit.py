@@ -57,14 +57,15 @@ def admit(user, limits, prompt_tokens: int = 1, max_tokens: int = 10):
 def test_a_burst_of_admissions_keeps_the_stream_limit_exact_in_fewer_transactions(alice):
     Account.objects.filter(pk=account_for(alice).pk).update(max_concurrent_streams=5, tokens_per_day=10**6)
     limits = Account.objects.get(user=alice).limits
-    batches_before = services._admissions.batches
+    batches_before = services.admissions.batches
     outcomes = at_once(24, lambda _: admit(alice, limits))
     admitted = [outcome for outcome in outcomes if isinstance(outcome, tuple)]
     refused = [outcome for outcome in outcomes if isinstance(outcome, QuotaExceeded)]
-    assert len(admitted) == 5 and len(refused) == 19
+    assert len(admitted) == 5
+    assert len(refused) == 19
     assert {error.code for error in refused} == {"too_many_concurrent_streams"}
     assert UsageRecord.objects.filter(user=alice).count() == 5
-    assert services._admissions.batches - batches_before < 24
+    assert services.admissions.batches - batches_before < 24
 
 
 def test_a_burst_of_admissions_never_grants_more_tokens_than_the_day_has(alice):

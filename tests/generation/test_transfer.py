@@ -55,7 +55,8 @@ def test_json_export_has_every_branch_and_the_one_shown(alice, alice_client):
 
     response = alice_client.get(reverse("generation:conversation_export_json", args=[conversation.id]))
 
-    assert response.status_code == 200 and response["Content-Type"] == "application/json"
+    assert response.status_code == 200
+    assert response["Content-Type"] == "application/json"
     assert response["Content-Disposition"] == 'attachment; filename="colours.json"'
     document = json.loads(response.content)
     assert (document["format"], document["version"], document["title"]) == ("chatsite.conversation", 1, "Colours")
@@ -68,7 +69,8 @@ def test_json_export_has_every_branch_and_the_one_shown(alice, alice_client):
         (5, 4, "Why?"),
         (6, 5, "It is bright."),
     ]
-    assert document["current"] == 6 and document["messages"][6]["status"] == "stopped"
+    assert document["current"] == 6
+    assert document["messages"][6]["status"] == "stopped"
 
 
 def test_markdown_export_is_the_branch_shown_with_its_versions_named(alice, alice_client):
@@ -76,13 +78,17 @@ def test_markdown_export_is_the_branch_shown_with_its_versions_named(alice, alic
 
     response = alice_client.get(reverse("generation:conversation_export_markdown", args=[conversation.id]))
 
-    assert response.status_code == 200 and response["Content-Type"] == "text/markdown; charset=utf-8"
+    assert response.status_code == 200
+    assert response["Content-Type"] == "text/markdown; charset=utf-8"
     assert response["Content-Disposition"] == 'attachment; filename="colours.md"'
     text = response.content.decode()
-    assert text.startswith("# Colours\n") and "> Be brief." in text
+    assert text.startswith("# Colours\n")
+    assert "> Be brief." in text
     assert "## You (version 2 of 2)\n\nName a warm colour" in text
-    assert "## Assistant (version 2 of 2)\n\n**Yellow**" in text and "## You\n\nWhy?" in text
-    assert "Orange" not in text and "Red" not in text
+    assert "## Assistant (version 2 of 2)\n\n**Yellow**" in text
+    assert "## You\n\nWhy?" in text
+    assert "Orange" not in text
+    assert "Red" not in text
 
 
 def test_import_of_an_export_makes_the_same_conversation_for_the_importer(alice, bob, alice_client, bob_client):
@@ -92,14 +98,16 @@ def test_import_of_an_export_makes_the_same_conversation_for_the_importer(alice,
     response = bob_client.post(reverse("generation:your_data"), upload(exported))
 
     copy = Conversation.objects.get(user=bob)
-    assert response.status_code == 302 and response["Location"] == copy.get_absolute_url()
+    assert response.status_code == 302
+    assert response["Location"] == copy.get_absolute_url()
     assert (copy.title, copy.system_prompt, copy.temperature, copy.model) == (
         "Colours",
         "Be brief.",
         0.7,
         settings.CHAT_MODEL,
     )
-    assert tree_shape(copy) == tree_shape(original) and shown(copy) == shown(original)
+    assert tree_shape(copy) == tree_shape(original)
+    assert shown(copy) == shown(original)
     assert copy.messages.get(content="It is bright.").status == "stopped"
     assert Conversation.objects.filter(user=alice).count() == 1  # hers untouched
     page = bob_client.get(copy.get_absolute_url()).content.decode()
@@ -165,8 +173,10 @@ def test_an_imported_answer_keeps_its_sources_text_but_no_link_into_the_exporter
     ]
     assert copy.messages.get(content="You are welcome.").from_cache
     page = bob_client.get(copy.get_absolute_url()).content.decode()
-    assert "<span>[1] handbook.md</span>" in page and "[2] notes.txt" in page
-    assert "javascript:" not in page and "/documents/passages/" not in page
+    assert "<span>[1] handbook.md</span>" in page
+    assert "[2] notes.txt" in page
+    assert "javascript:" not in page
+    assert "/documents/passages/" not in page
 
 
 def test_import_keeps_the_chosen_branch_and_settles_a_streaming_answer(alice, alice_client):
@@ -179,7 +189,8 @@ def test_import_keeps_the_chosen_branch_and_settles_a_streaming_answer(alice, al
     alice_client.post(reverse("generation:your_data"), upload(document))
 
     copy = Conversation.objects.filter(user=alice).order_by("-created_at").first()
-    assert copy is not None and shown(copy) == ["Name a colour", "Red"]
+    assert copy is not None
+    assert shown(copy) == ["Name a colour", "Red"]
     assert copy.messages.get(content="Red").status == "interrupted"
     assert copy.model == settings.CHAT_MODEL  # the default, where the model is not served here
     assert copy.max_tokens == account_for(alice).limits.max_tokens_per_request
@@ -241,6 +252,10 @@ def changed(path: str, value: object) -> dict:
         ),
         (changed("messages.1.sources", [{"number": 1}]), "messages.1.sources.0.document: Field required"),
         (changed("messages.1.from_cache", "yes"), "messages.1.from_cache: Input should be a valid boolean"),
+        (
+            changed("messages.1.status", "finished"),
+            "messages.1.status: Value error, is not one of streaming, complete, stopped, error, interrupted",
+        ),
     ],
 )
 def test_a_bad_file_is_refused_with_the_reason_and_nothing_is_made(alice, alice_client, body, error):
@@ -248,7 +263,8 @@ def test_a_bad_file_is_refused_with_the_reason_and_nothing_is_made(alice, alice_
 
     assert response.status_code == 400
     assert error in response.content.decode()
-    assert not Conversation.objects.filter(user=alice).exists() and not Message.objects.exists()
+    assert not Conversation.objects.filter(user=alice).exists()
+    assert not Message.objects.exists()
 
 
 def test_an_export_saved_with_a_byte_order_mark_is_imported(alice, alice_client):
@@ -257,19 +273,22 @@ def test_an_export_saved_with_a_byte_order_mark_is_imported(alice, alice_client)
     )
 
     copy = Conversation.objects.get(user=alice)
-    assert response.status_code == 302 and shown(copy) == ["Hi", "Hello"]
+    assert response.status_code == 302
+    assert shown(copy) == ["Hi", "Hello"]
 
 
 def test_a_lone_surrogate_is_refused(alice, alice_client):
     raw = json.dumps(good_document()).replace('"Hello"', '"\\ud800"').encode()
     response = alice_client.post(reverse("generation:your_data"), upload(raw))
-    assert response.status_code == 400 and not Conversation.objects.exists()
+    assert response.status_code == 400
+    assert not Conversation.objects.exists()
 
 
 def test_an_oversized_file_is_refused_before_it_is_read(alice, alice_client, monkeypatch):
     monkeypatch.setattr(transfer, "IMPORT_MAX_BYTES", 100)
     response = alice_client.post(reverse("generation:your_data"), upload(good_document() | {"title": "x" * 200}))
-    assert response.status_code == 400 and "The file is larger than" in response.content.decode()
+    assert response.status_code == 400
+    assert "The file is larger than" in response.content.decode()
     assert not Conversation.objects.exists()
 
 
@@ -280,12 +299,14 @@ def test_too_many_messages_are_refused(alice, alice_client, monkeypatch):
         for i in range(transfer.IMPORT_MAX_MESSAGES + 1)
     ]
     response = alice_client.post(reverse("generation:your_data"), upload(document))
-    assert response.status_code == 400 and "messages: List should have at most" in response.content.decode()
+    assert response.status_code == 400
+    assert "messages: List should have at most" in response.content.decode()
 
 
 def test_an_import_without_a_file_says_so(alice, alice_client):
     response = alice_client.post(reverse("generation:your_data"), {})
-    assert response.status_code == 400 and "Choose a file to import." in response.content.decode()
+    assert response.status_code == 400
+    assert "Choose a file to import." in response.content.decode()
 
 
 def test_export_all_my_data_has_all_my_conversations_and_nobody_elses(alice, bob, alice_client):
@@ -298,16 +319,20 @@ def test_export_all_my_data_has_all_my_conversations_and_nobody_elses(alice, bob
     assert response.status_code == 200
     assert response["Content-Disposition"] == 'attachment; filename="chatsite-data.json"'
     document = json.loads(response.content)
-    assert document["format"] == "chatsite.export" and document["user"]["username"] == "alice"
+    assert document["format"] == "chatsite.export"
+    assert document["user"]["username"] == "alice"
     assert [c["title"] for c in document["conversations"]] == ["Colours", "Second"]
-    assert len(document["conversations"][0]["messages"]) == 7 and b"Bob's secret" not in response.content
+    assert len(document["conversations"][0]["messages"]) == 7
+    assert b"Bob's secret" not in response.content
 
 
 def test_the_data_page_offers_the_export_and_the_import(alice, alice_client):
     branched(alice)
     page = alice_client.get(reverse("generation:your_data")).content.decode()
-    assert "all your 1 conversation," in page and 'href="/chat/data/export.json"' in page
-    assert 'enctype="multipart/form-data"' in page and "Import conversation" in page
+    assert "all your 1 conversation," in page
+    assert 'href="/chat/data/export.json"' in page
+    assert 'enctype="multipart/form-data"' in page
+    assert "Import conversation" in page
     chat = alice_client.get(reverse("generation:chat")).content.decode()
     assert 'href="/chat/data/">Your data</a>' in chat
 
@@ -329,7 +354,8 @@ def test_bob_gets_404_for_alices_exports(alice, bob_client):
 )
 def test_exports_and_imports_require_login(client, url):
     response = client.get(url)
-    assert response.status_code == 302 and response["Location"].startswith(reverse("accounts:login"))
+    assert response.status_code == 302
+    assert response["Location"].startswith(reverse("accounts:login"))
 
 
 def test_exports_are_read_only(alice, alice_client):
