@@ -24,7 +24,7 @@ import uuid
 from pathlib import Path
 
 from bench.streaming import MODEL, PROMPT, raw_run
-from tests.livesite import ROOT, ChatClient, LiveSite
+from tests.support.livesite import ROOT, ChatClient, LiveSite
 
 RESULTS = Path(__file__).parent / "results" / "api.json"
 

@@ -64,7 +64,7 @@ from bench.concurrency import (
     warm_up,
     without_records,
 )
-from tests.livesite import LiveSite, LiveWorker, keep_logs, log_errors, scratch_database, scratch_redis_prefix
+from tests.support.livesite import LiveSite, LiveWorker, keep_logs, log_errors, scratch_database, scratch_redis_prefix
 
 RESULTS = RESULTS_DIR / "backends.json"
 THROUGHPUT_TARGET = 0.9  # celery tokens/s ÷ in-process tokens/s, at least

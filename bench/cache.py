@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 
 from bench.streaming import MODEL, PROMPT
-from tests.livesite import ROOT, ChatClient, LiveSite
+from tests.support.livesite import ROOT, ChatClient, LiveSite
 
 RESULTS = Path(__file__).parent / "results" / "cache.json"
 TARGET_HIT_TTFT_MS = 20.0

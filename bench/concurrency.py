@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import result_files
-from tests.livesite import ROOT, LiveSite, unlimited_api_key
+from tests.support.livesite import ROOT, LiveSite, unlimited_api_key
 
 MODEL = "smollm2-135m-instruct"
 RESULTS_DIR = Path(__file__).parent / "results"

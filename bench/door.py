@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.fanout import process_cpu_s
-from tests.livesite import ROOT, LiveSite, unlimited_api_key
+from tests.support.livesite import ROOT, LiveSite, unlimited_api_key
 from tests.support.raw_http import ChunkedDecoder
 
 RESULTS = ROOT / "bench" / "results" / "door.json"

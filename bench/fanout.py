@@ -49,7 +49,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from inference.generators import SYNTHETIC_TEXT
-from tests.livesite import ROOT, ChatClient, LiveSite, daphne_endpoint, free_port, stop_process
+from tests.support.livesite import ROOT, ChatClient, LiveSite, daphne_endpoint, free_port, stop_process
 from tests.support.raw_http import (
     HOST,
     Counters,

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.livesite import ROOT, ChatClient, LiveSite
+from tests.support.livesite import ROOT, ChatClient, LiveSite
 
 RESULTS = Path(__file__).parent / "results" / "page.json"
 ANSWER = """Here is how to read a file in Python:

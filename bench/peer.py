@@ -37,8 +37,8 @@ from bench.concurrency import (
     write_results,
     write_server_log,
 )
-from tests.livesite import ROOT, free_port, stop_process
-from tests.upstreams import paged_cache_blocks, prepared_model_dir
+from tests.support.livesite import ROOT, free_port, stop_process
+from tests.support.upstreams import paged_cache_blocks, prepared_model_dir
 
 # The same versions as the app's requirements.txt; torch comes from the local CPU wheel.
 PEER_REQUIREMENTS = ("torch==2.13.0", "transformers[serving]==5.24.0")

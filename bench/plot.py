@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.concurrency import RESULTS_DIR
-from tests.livesite import ROOT
+from tests.support.livesite import ROOT
 
 OUTPUT = ROOT / "docs" / "concurrency.png"
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import redis
 
-from tests.livesite import ChatClient, LiveSite, LiveWorker, scratch_database, scratch_redis_prefix
+from tests.support.livesite import ChatClient, LiveSite, LiveWorker, scratch_database, scratch_redis_prefix
 
 RESULTS = Path(__file__).parent / "results" / "redis_ops.json"
 

@@ -61,7 +61,7 @@ from bench.fanout import (
     start_watchdog,
     use_site_settings,
 )
-from tests.livesite import (
+from tests.support.livesite import (
     ChatClient,
     LiveSite,
     LiveWorker,

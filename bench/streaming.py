@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.livesite import ROOT, ChatClient, LiveSite
+from tests.support.livesite import ROOT, ChatClient, LiveSite
 
 PROMPT = "Write a detailed essay about the history of bicycles."
 MODEL = "smollm2-135m-instruct"

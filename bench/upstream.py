@@ -4,7 +4,7 @@
         [--client openai|httpx] [--no-continuous-batching] [--server-cpus 1]
         [--results bench/results/upstream.json]
 
-Starts `transformers serve` (tests.upstreams.TransformersServe: the converted weights
+Starts `transformers serve` (tests.support.upstreams.TransformersServe: the converted weights
 chatsite itself loads, SmolLM2-135M-Instruct, on CPU in float32, with continuous batching
 unless --no-continuous-batching, its paged cache sized for the highest level), then
 chatsite (daphne, its own SQLite database) with CHAT_UPSTREAMS naming that server as the
@@ -53,8 +53,8 @@ from bench.concurrency import (
     warm_up,
     without_records,
 )
-from tests.livesite import LiveSite, log_errors
-from tests.upstreams import TransformersServe
+from tests.support.livesite import LiveSite, log_errors
+from tests.support.upstreams import TransformersServe
 
 RESULTS = Path(os.environ.get("BENCH_RESULTS_DIR") or RESULTS_DIR) / "upstream.json"
 PUBLIC_MODEL = "smol-upstream"

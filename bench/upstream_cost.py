@@ -45,8 +45,8 @@ import openai
 from bench.concurrency import parse_levels
 from bench.door import export
 from bench.fanout import process_cpu_s
-from tests.livesite import ROOT, LiveSite, free_port, stop_process, unlimited_api_key
-from tests.upstreams import wait_until_answering
+from tests.support.livesite import ROOT, LiveSite, free_port, stop_process, unlimited_api_key
+from tests.support.upstreams import wait_until_answering
 
 RESULTS = ROOT / "bench" / "results" / "upstream_cost.json"
 MODEL = "lockstep"

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from bench.upstream_cost import MODEL, burst, start_lockstep_server
-from tests.livesite import ROOT, LiveSite, unlimited_api_key
+from tests.support.livesite import ROOT, LiveSite, unlimited_api_key
 
 RESULTS = ROOT / "bench" / "results" / "upstream_profile.json"
 RATE = 200  # samples a second

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from playwright.sync_api import sync_playwright
 
-from tests.livesite import LiveSite
+from tests.support.livesite import LiveSite
 
 OUTPUT = Path(__file__).parent / "screenshot.png"
 PASSWORD = "correct-horse-battery-staple"

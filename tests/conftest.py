@@ -19,7 +19,7 @@ from inference.generators import Generator, SyntheticGenerator, load_generator
 from inference.registry import resolve_model
 from inference.streams import InMemoryStreamStore
 from infrastructure.database import close_connections
-from tests.livesite import STARTED, LiveSite
+from tests.support.livesite import STARTED, LiveSite
 from tests.support import PASSWORD
 from tests.support.engines import install_engine
 from tests.support.sites import LiveSites

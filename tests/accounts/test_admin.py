@@ -77,8 +77,10 @@ def test_plan_limits_are_editable_in_the_list(admin_client):
     )
     assert response.status_code == 302
     plan.refresh_from_db()
-    assert plan.requests_per_minute == 7 and plan.max_tokens_per_request == 64
-    assert plan.max_documents_per_conversation == 3 and plan.max_document_bytes == 500_000
+    assert plan.requests_per_minute == 7
+    assert plan.max_tokens_per_request == 64
+    assert plan.max_documents_per_conversation == 3
+    assert plan.max_document_bytes == 500_000
 
 
 PLAN_FORM = {
@@ -113,7 +115,8 @@ def test_plan_priority_is_set_in_admin_and_reaches_the_users_generations(admin_c
         requested_max_tokens=None,
     )
 
-    assert admitted.task.priority == 10 and admitted.task.owner == str(alice.pk)
+    assert admitted.task.priority == 10
+    assert admitted.task.owner == str(alice.pk)
 
 
 @pytest.mark.parametrize("priority", ["high", "", "40000", "-40000", "1.5"])
@@ -128,7 +131,8 @@ def test_user_change_page_has_the_account_inline(admin_client, alice):
     account_for(alice)
     page = admin_client.get(reverse("admin:auth_user_change", args=[alice.pk])).content.decode()
     assert "plan and limits" in page.lower()
-    assert 'name="account-0-plan"' in page and 'name="account-0-tokens_per_day"' in page
+    assert 'name="account-0-plan"' in page
+    assert 'name="account-0-tokens_per_day"' in page
 
 
 def test_user_list_shows_the_plan(admin_client, alice):
@@ -163,14 +167,18 @@ def test_admin_can_override_a_users_limits(admin_client, alice):
     response = admin_client.post(change, data)
     assert response.status_code == 302, response.context["adminform"].form.errors
     account.refresh_from_db()
-    assert account.tokens_per_day == 5 and account.limits.tokens_per_day == 5
+    assert account.tokens_per_day == 5
+    assert account.limits.tokens_per_day == 5
 
 
 def test_api_key_change_page_never_shows_the_hash(admin_client, alice):
     key, plain = api_key_create(user=alice, name="laptop")
     page = admin_client.get(reverse("admin:accounts_apikey_change", args=[key.pk])).content.decode()
-    assert "laptop" in page and f"{key.prefix}…" in page
-    assert key.hashed not in page and plain not in page and 'name="hashed"' not in page
+    assert "laptop" in page
+    assert f"{key.prefix}…" in page
+    assert key.hashed not in page
+    assert plain not in page
+    assert 'name="hashed"' not in page
 
 
 def test_api_key_changelist_hides_the_hash_and_can_search(admin_client, alice, bob):
@@ -194,7 +202,8 @@ def test_revoke_action_revokes_the_selected_keys(admin_client, alice):
     assert response.status_code == 302
     chosen.refresh_from_db()
     other.refresh_from_db()
-    assert chosen.revoked_at is not None and other.revoked_at is None
+    assert chosen.revoked_at is not None
+    assert other.revoked_at is None
 
 
 def test_usage_records_are_read_only(admin_client, alice):
@@ -231,7 +240,8 @@ def test_csv_export_quotes_text_a_spreadsheet_would_run_as_a_formula(admin_clien
     )
 
     (row,) = csv.DictReader(io.StringIO(response.content.decode()))
-    assert row["user"] == f"'{start}HYPERLINK(1)" and row["model"] == f"'{start}cmd|' /C calc'!A0"
+    assert row["user"] == f"'{start}HYPERLINK(1)"
+    assert row["model"] == f"'{start}cmd|' /C calc'!A0"
     assert (row["id"], row["prompt_tokens"], row["channel"]) == (str(record.pk), "3", "api")  # the rest as they are
 
 
@@ -288,9 +298,11 @@ def test_live_generations_lists_streaming_records_and_engines(admin_client, alic
     response = admin_client.get(reverse("admin:generation_message_live"))
     assert response.status_code == 200
     page = response.content.decode()
-    assert f'data-stream-id="{streaming.stream_id}"' in page and "<td>256</td>" in page
+    assert f'data-stream-id="{streaming.stream_id}"' in page
+    assert "<td>256</td>" in page
     assert 'data-stream-id="finished-stream"' not in page
-    assert '<td data-role="active">0</td>' in page and '<td data-role="queued">0</td>' in page
+    assert '<td data-role="active">0</td>' in page
+    assert '<td data-role="queued">0</td>' in page
     assert "Force stop" in page
 
 
@@ -298,7 +310,8 @@ def test_force_stop_sets_the_cancel_flag(admin_client, alice, stream_store):
     record = usage(alice, status="streaming", stream_id="live-stream-2")
     stream_store.create(record.stream_id)
     response = admin_client.post(reverse("admin:generation_message_force_stop"), {"stream_id": record.stream_id})
-    assert response.status_code == 302 and response["Location"] == reverse("admin:generation_message_live")
+    assert response.status_code == 302
+    assert response["Location"] == reverse("admin:generation_message_live")
     assert stream_store.is_cancelled(record.stream_id)
 
 
@@ -328,7 +341,8 @@ def test_force_stop_action_cancels_selected_streaming_messages(admin_client, ali
         {"action": "force_stop", ACTION_CHECKBOX_NAME: [streaming.pk, done.pk]},
     )
     assert response.status_code == 302
-    assert stream_store.is_cancelled("m-1") and not stream_store.is_cancelled("m-2")
+    assert stream_store.is_cancelled("m-1")
+    assert not stream_store.is_cancelled("m-2")
 
 
 @pytest.mark.parametrize(
@@ -349,5 +363,6 @@ def test_non_staff_users_are_sent_to_the_admin_login(alice_client, url_name):
 def test_non_staff_users_cannot_force_stop(alice_client, alice, stream_store):
     stream_store.create("alice-stream")
     response = alice_client.post(reverse("admin:generation_message_force_stop"), {"stream_id": "alice-stream"})
-    assert response.status_code == 302 and response["Location"].startswith(reverse("admin:login"))
+    assert response.status_code == 302
+    assert response["Location"].startswith(reverse("admin:login"))
     assert not stream_store.is_cancelled("alice-stream")

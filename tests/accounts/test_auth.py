@@ -23,7 +23,8 @@ def test_signup_with_mismatched_passwords_shows_the_error(client):
         reverse("accounts:signup"), {"username": "dave", "password1": PASSWORD, "password2": "different-one-1"}
     )
     assert response.status_code == 400
-    assert "match" in response.content.decode() and 'class="errorlist' in response.content.decode()
+    assert "match" in response.content.decode()
+    assert 'class="errorlist' in response.content.decode()
     assert not get_user_model().objects.filter(username="dave").exists()
 
 
@@ -43,16 +44,19 @@ def test_signup_page_uses_djangos_field_names(client):
 
 def test_login_and_logout(client, alice):
     page = client.get(reverse("accounts:login")).content.decode()
-    assert 'name="username"' in page and 'name="password"' in page
+    assert 'name="username"' in page
+    assert 'name="password"' in page
     response = client.post(reverse("accounts:login"), {"username": "alice", "password": PASSWORD})
-    assert response.status_code == 302 and response["Location"] == reverse("generation:chat")
+    assert response.status_code == 302
+    assert response["Location"] == reverse("generation:chat")
     assert client.post(reverse("accounts:logout")).status_code == 302
     assert client.get(reverse("generation:chat")).status_code == 302
 
 
 def test_wrong_password_is_refused(client, alice):
     response = client.post(reverse("accounts:login"), {"username": "alice", "password": "wrong-password"})
-    assert response.status_code == 200 and "_auth_user_id" not in client.session
+    assert response.status_code == 200
+    assert "_auth_user_id" not in client.session
 
 
 def test_logged_in_user_visiting_signup_goes_to_chat(alice_client):
@@ -67,7 +71,8 @@ def test_ensure_superuser_creates_the_admin_once(monkeypatch):
     call_command("ensure_superuser")
     call_command("ensure_superuser")
     admin = get_user_model().objects.get(username="root")
-    assert admin.is_superuser and admin.check_password(PASSWORD)
+    assert admin.is_superuser
+    assert admin.check_password(PASSWORD)
 
 
 def test_ensure_superuser_without_password_fails(monkeypatch):

@@ -25,8 +25,11 @@ def test_a_key_seen_before_is_checked_without_a_database_query(alice, django_ass
     first = api_key_authenticate(plain)  # read from the database, last use written
     with django_assert_num_queries(0):
         again = api_key_authenticate(plain)
-    assert first is not None and again is not None and again.pk == first.pk
-    assert again.user == alice and account_for(again.user).limits == account_for(alice).limits
+    assert first is not None
+    assert again is not None
+    assert again.pk == first.pk
+    assert again.user == alice
+    assert account_for(again.user).limits == account_for(alice).limits
 
 
 def test_a_wrong_key_is_refused_and_not_remembered(alice, django_assert_num_queries):
@@ -107,4 +110,5 @@ def test_last_use_is_still_written_for_a_remembered_key(alice, monkeypatch):
     remembered.last_used_at = an_hour_ago  # the remembered copy is as old as the row
     assert models_status(plain) == 200
     key.refresh_from_db()
-    assert key.last_used_at is not None and key.last_used_at > an_hour_ago
+    assert key.last_used_at is not None
+    assert key.last_used_at > an_hour_ago

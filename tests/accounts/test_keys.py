@@ -25,7 +25,8 @@ def test_keys_page_requires_login(client):
 
 def test_keys_page_has_the_create_form(alice_client):
     page = alice_client.get(reverse("accounts:keys")).content.decode()
-    assert 'name="name"' in page and '<label for="id_name">Name</label>' in page
+    assert 'name="name"' in page
+    assert '<label for="id_name">Name</label>' in page
     assert '<button type="submit">Create key</button>' in page
     assert "You have no API keys yet." in page
     assert 'data-role="new-api-key"' not in page
@@ -41,17 +42,21 @@ def test_creating_a_key_shows_the_plain_key_once(alice_client, alice):
     assert response.status_code == 201
     page = response.content.decode()
     plain = NEW_KEY.search(page).group(1)
-    assert plain.startswith("cs-") and len(plain) >= 40
+    assert plain.startswith("cs-")
+    assert len(plain) >= 40
     assert "will not be shown again" in page
     assert "no-store" in response["Cache-Control"]
 
     key = ApiKey.objects.get(user=alice)
     assert key.name == "laptop"
-    assert key.hashed == hash_key(plain) and key.hashed != plain
-    assert plain.startswith(key.prefix) and len(key.prefix) < len(plain)
+    assert key.hashed == hash_key(plain)
+    assert key.hashed != plain
+    assert plain.startswith(key.prefix)
+    assert len(key.prefix) < len(plain)
 
     reloaded = alice_client.get(reverse("accounts:keys")).content.decode()
-    assert plain not in reloaded and 'data-role="new-api-key"' not in reloaded
+    assert plain not in reloaded
+    assert 'data-role="new-api-key"' not in reloaded
 
 
 def test_plain_key_is_stored_nowhere(alice_client, alice):
@@ -64,8 +69,10 @@ def test_keys_list_shows_name_prefix_and_never_used(alice_client, alice):
     key, _ = api_key_create(user=alice, name="ci runner")
     page = alice_client.get(reverse("accounts:keys")).content.decode()
     assert "ci runner" in page
-    assert f"<code>{key.prefix}…</code>" in page and key.prefix.startswith("cs-")
-    assert "<td>never</td>" in page and "<td>active</td>" in page
+    assert f"<code>{key.prefix}…</code>" in page
+    assert key.prefix.startswith("cs-")
+    assert "<td>never</td>" in page
+    assert "<td>active</td>" in page
     assert key.hashed not in page
 
 
@@ -95,11 +102,14 @@ def test_keys_page_shows_plan_and_quota(alice_client):
 def test_revoke_revokes_the_key(alice_client, alice):
     key, _ = api_key_create(user=alice, name="old")
     response = alice_client.post(reverse("accounts:key_revoke", args=[key.pk]))
-    assert response.status_code == 302 and response["Location"] == reverse("accounts:keys")
+    assert response.status_code == 302
+    assert response["Location"] == reverse("accounts:keys")
     key.refresh_from_db()
-    assert key.revoked_at is not None and not key.active
+    assert key.revoked_at is not None
+    assert not key.active
     page = alice_client.get(reverse("accounts:keys")).content.decode()
-    assert "<td>revoked</td>" in page and "Revoked the key" in page
+    assert "<td>revoked</td>" in page
+    assert "Revoked the key" in page
 
 
 def test_revoke_needs_post(alice_client, alice):
@@ -112,7 +122,8 @@ def test_revoke_needs_post(alice_client, alice):
 def test_revoke_requires_login(client, alice):
     key, _ = api_key_create(user=alice, name="old")
     response = client.post(reverse("accounts:key_revoke", args=[key.pk]))
-    assert response.status_code == 302 and response["Location"].startswith(reverse("accounts:login"))
+    assert response.status_code == 302
+    assert response["Location"].startswith(reverse("accounts:login"))
     key.refresh_from_db()
     assert key.revoked_at is None
 
@@ -131,7 +142,8 @@ def test_bob_cannot_revoke_alices_key(bob_client, alice):
 def test_bob_never_sees_alices_keys(bob_client, alice):
     key, _ = api_key_create(user=alice, name="alice's key")
     page = bob_client.get(reverse("accounts:keys")).content.decode()
-    assert "alice&#x27;s key" not in page and "alice's key" not in page
+    assert "alice&#x27;s key" not in page
+    assert "alice's key" not in page
     assert key.prefix not in page
     assert "You have no API keys yet." in page
 

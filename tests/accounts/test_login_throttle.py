@@ -53,7 +53,8 @@ def test_the_right_password_is_refused_while_locked(client, alice, passwords_che
 
     response = log_in(client)
 
-    assert response.status_code == 429 and not logged_in(client)
+    assert response.status_code == 429
+    assert not logged_in(client)
     assert PASSWORD not in passwords_checked
 
 
@@ -62,7 +63,8 @@ def test_the_lock_page_says_what_happened_and_how_long_it_lasts(client, alice):
         response = log_in(client, password="wrong-password")
 
     page = response.content.decode()
-    assert "Too many failed log-ins" in page and "for “alice”" in page
+    assert "Too many failed log-ins" in page
+    assert "for “alice”" in page
     assert "Try again in 15 minutes" in page
     assert 895 <= int(response["Retry-After"]) <= 900
 
@@ -72,13 +74,15 @@ def test_an_admin_sees_the_lockout_and_lifts_it(client, alice, admin_client):
         log_in(client, password="wrong-password")
     changelist = reverse("admin:axes_accessattempt_changelist")
     locked = admin_client.get(changelist, {"locked_out": "yes"}).content.decode()
-    assert "alice" in locked and "127.0.0.1" in locked
+    assert "alice" in locked
+    assert "127.0.0.1" in locked
     attempt = AccessAttempt.objects.get(username="alice")
 
     admin_client.post(changelist, {"action": "delete_selected", ACTION_CHECKBOX_NAME: [attempt.pk], "post": "yes"})
 
     assert not AccessAttempt.objects.exists()
-    assert log_in(client).status_code == 302 and logged_in(client)
+    assert log_in(client).status_code == 302
+    assert logged_in(client)
 
 
 def test_the_lock_ends_after_the_cool_off(client, alice):

@@ -59,7 +59,8 @@ def test_five_per_minute_lets_exactly_five_through_in_any_60_seconds(log):
 
     assert most_in_any_minute(passed) == 5
     assert len(passed) == 15  # five each minute: the limit is used, not just respected
-    assert passed[:5] == knocks[:5] and passed[5] == T0 + 60
+    assert passed[:5] == knocks[:5]
+    assert passed[5] == T0 + 60
 
 
 def test_a_minutes_edge_lets_no_second_batch_through(log):
@@ -75,8 +76,10 @@ def test_a_refused_request_is_not_counted_and_says_when_a_place_frees(log):
 
     refused = log.admit("alice", limit=5, now=T0 + 45)
 
-    assert not refused.admitted and refused.count == 5
-    assert refused.free_in_s == pytest.approx(15) and refused.empty_in_s == pytest.approx(55)
+    assert not refused.admitted
+    assert refused.count == 5
+    assert refused.free_in_s == pytest.approx(15)
+    assert refused.empty_in_s == pytest.approx(55)
     assert not log.admit("alice", limit=5, now=T0 + 59.9).admitted
     assert log.admit("alice", limit=5, now=T0 + 60).admitted  # the first left; refusals took no place
 
@@ -133,7 +136,9 @@ def test_the_plans_limit_refuses_the_next_request_with_retry_after_and_headers(s
         usage_request_count(user=alice, limits=limits, requested_max_tokens=None)
 
     assert counts == [1, 2, 3, 4, 5]
-    assert refused.value.code == "rate_limit_exceeded" and 55 <= refused.value.retry_after <= 60
+    assert refused.value.code == "rate_limit_exceeded"
+    assert 55 <= refused.value.retry_after <= 60
     headers = quota_for(alice, limits=limits).headers()
-    assert headers["x-ratelimit-limit-requests"] == "5" and headers["x-ratelimit-remaining-requests"] == "0"
+    assert headers["x-ratelimit-limit-requests"] == "5"
+    assert headers["x-ratelimit-remaining-requests"] == "0"
     assert 55 <= int(headers["x-ratelimit-reset-requests"].removesuffix("s")) <= 60

@@ -32,7 +32,8 @@ def closed(settings):
 def test_in_approval_mode_the_signup_page_says_accounts_wait(client, approval):
     page = client.get(reverse("accounts:signup")).content.decode()
 
-    assert "wait for an admin's approval" in page and 'name="password1"' in page
+    assert "wait for an admin's approval" in page
+    assert 'name="password1"' in page
 
 
 def test_in_approval_mode_a_new_account_is_inactive_and_the_user_is_told(client, approval):
@@ -50,7 +51,8 @@ def test_an_account_awaiting_approval_cannot_log_in_and_is_told_why(client, appr
 
     response = log_in(client)
 
-    assert response.status_code == 200 and "_auth_user_id" not in client.session
+    assert response.status_code == 200
+    assert "_auth_user_id" not in client.session
     assert "not active yet" in response.content.decode()
 
 
@@ -74,14 +76,16 @@ def test_an_admin_approves_accounts_in_the_users_admin_and_then_they_log_in(clie
     )
 
     assert User.objects.get(username="dave").is_active
-    assert log_in(client).status_code == 302 and "_auth_user_id" in client.session
+    assert log_in(client).status_code == 302
+    assert "_auth_user_id" in client.session
 
 
 def test_closed_signup_is_a_403_page_without_a_form(client, closed):
     response = client.get(reverse("accounts:signup"))
 
     assert response.status_code == 403
-    assert "Sign-up is closed" in response.content.decode() and "password1" not in response.content.decode()
+    assert "Sign-up is closed" in response.content.decode()
+    assert "password1" not in response.content.decode()
 
 
 def test_closed_signup_refuses_a_post(client, closed):

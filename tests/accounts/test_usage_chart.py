@@ -98,4 +98,5 @@ def test_people_who_are_not_staff_never_see_the_chart(alice_client, alice, pro):
 
     response = alice_client.get(CHANGELIST)
 
-    assert response.status_code == 302 and "/login/" in response["Location"]
+    assert response.status_code == 302
+    assert "/login/" in response["Location"]

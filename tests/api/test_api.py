@@ -38,7 +38,8 @@ def test_models_lists_the_available_models(alice_key, fast_engine):
     response = get("/v1/models", alice_key)
     assert response.status_code == 200
     body = response.json()
-    assert body["object"] == "list" and body["data"][0] == {
+    assert body["object"] == "list"
+    assert body["data"][0] == {
         "id": MODEL,
         "object": "model",
         "created": 0,
@@ -53,14 +54,17 @@ def test_non_streaming_chat_completion(alice, alice_key, fast_engine):
 
     assert response.status_code == 200
     body = response.json()
-    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
+    assert body["object"] == "chat.completion"
+    assert body["id"].startswith("chatcmpl-")
     choice = body["choices"][0]
     assert choice["message"]["role"] == "assistant"
     assert choice["message"]["content"] == " ".join(SYNTHETIC_TEXT.split()[:5])
     assert choice["finish_reason"] == "length"
     assert body["usage"] == {"prompt_tokens": 1, "completion_tokens": 5, "total_tokens": 6}
     record = UsageRecord.objects.get(user=alice)
-    assert record.channel == "api" and record.completion_tokens == 5 and record.status == "complete"
+    assert record.channel == "api"
+    assert record.completion_tokens == 5
+    assert record.status == "complete"
     assert record.api_key.name == "test"
 
 
@@ -71,21 +75,27 @@ def test_streaming_chat_completion_follows_the_contract(alice_key, fast_engine):
 
     assert response.status_code == 200
     assert response["Content-Type"].startswith("text/event-stream")
-    assert response["Cache-Control"] == "no-cache" and response["X-Accel-Buffering"] == "no"
-    assert response["X-Request-Id"] and all(response.has_header(name) for name in RATE_HEADERS)
+    assert response["Cache-Control"] == "no-cache"
+    assert response["X-Accel-Buffering"] == "no"
+    assert response["X-Request-Id"]
+    assert all(response.has_header(name) for name in RATE_HEADERS)
     events = sse(response)
     assert events[-1] == (None, "[DONE]")
     chunks = [(event_id, json.loads(data)) for event_id, data in events[:-1]]
     ids = [int(event_id) for event_id, _ in chunks]
-    assert ids == sorted(ids) and ids[0] == 0
+    assert ids == sorted(ids)
+    assert ids[0] == 0
     first = chunks[0][1]
-    assert first["object"] == "chat.completion.chunk" and first["choices"][0]["delta"]["role"] == "assistant"
+    assert first["object"] == "chat.completion.chunk"
+    assert first["choices"][0]["delta"]["role"] == "assistant"
     contents = [c["choices"][0]["delta"].get("content", "") for _, c in chunks if c["choices"]]
     assert "".join(contents) == " ".join(SYNTHETIC_TEXT.split()[:12])
     finish = [c for _, c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
-    assert len(finish) == 1 and finish[0]["choices"][0]["finish_reason"] == "stop"
+    assert len(finish) == 1
+    assert finish[0]["choices"][0]["finish_reason"] == "stop"
     usage = chunks[-1][1]
-    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 12
+    assert usage["choices"] == []
+    assert usage["usage"]["completion_tokens"] == 12
     assert len({c["id"] for _, c in chunks}) == 1
 
 
@@ -93,7 +103,8 @@ def test_legacy_completion_streams_text_chunks(alice_key, fast_engine):
     response = post("/v1/completions", {"model": MODEL, "prompt": "Once upon a time", "stream": True}, alice_key)
     events = sse(response)
     chunks = [json.loads(data) for _, data in events[:-1]]
-    assert chunks[0]["object"] == "text_completion" and chunks[0]["id"].startswith("cmpl-")
+    assert chunks[0]["object"] == "text_completion"
+    assert chunks[0]["id"].startswith("cmpl-")
     assert "".join(c["choices"][0]["text"] for c in chunks) == " ".join(SYNTHETIC_TEXT.split()[:12])
     whole = post("/v1/completions", {"model": MODEL, "prompt": ["Once"], "max_tokens": 3}, alice_key).json()
     assert whole["choices"][0]["text"] == " ".join(SYNTHETIC_TEXT.split()[:3])
@@ -156,7 +167,8 @@ def test_unknown_model_is_404(alice_key, fast_engine):
 )
 def test_malformed_bodies_are_400_and_start_nothing(alice, alice_key, fast_engine, body, param):
     error = assert_error(post("/v1/chat/completions", body, alice_key), 400, None)
-    assert error["type"] == "invalid_request_error" and error["param"] == param
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
     assert not UsageRecord.objects.filter(user=alice).exists()
 
 
@@ -191,7 +203,8 @@ def test_requests_per_minute_limit_is_429_with_retry_after(alice, alice_key, fas
     response = post("/v1/chat/completions", {**CHAT, "max_tokens": 1}, alice_key)
     assert_error(response, 429, "rate_limit_exceeded")
     assert 0 < int(response["Retry-After"]) <= 60
-    assert response["x-ratelimit-limit-requests"] == "2" and response["x-ratelimit-remaining-requests"] == "0"
+    assert response["x-ratelimit-limit-requests"] == "2"
+    assert response["x-ratelimit-remaining-requests"] == "0"
 
 
 def test_daily_tokens_cap_max_tokens_then_refuse(alice, alice_key, fast_engine):
@@ -202,7 +215,8 @@ def test_daily_tokens_cap_max_tokens_then_refuse(alice, alice_key, fast_engine):
     assert capped["choices"][0]["finish_reason"] == "length"
     response = post("/v1/chat/completions", CHAT, alice_key)
     assert_error(response, 429, "insufficient_quota")
-    assert response.json()["error"]["type"] == "insufficient_quota" and int(response["Retry-After"]) > 0
+    assert response.json()["error"]["type"] == "insufficient_quota"
+    assert int(response["Retry-After"]) > 0
     assert response["x-ratelimit-remaining-tokens"] == "0"
 
 
@@ -320,7 +334,8 @@ def test_status_events_become_comments_between_chunks():
     ]
     lines = completion_events(completion, events, include_usage=False).decode().split("\n")
     assert lines[:4] == [": queued, 2 ahead", ": queued, 1 ahead", ": running", "id: 4"]
-    assert json.loads(lines[4].removeprefix("data: "))["choices"][0]["text"] == "Hi" and lines[5:] == ["", ""]
+    assert json.loads(lines[4].removeprefix("data: "))["choices"][0]["text"] == "Hi"
+    assert lines[5:] == ["", ""]
 
 
 def test_resume_after_an_event_replays_the_rest(alice_key, fast_engine):
@@ -335,7 +350,8 @@ def test_resume_after_an_event_replays_the_rest(alice_key, fast_engine):
     text = "".join(
         json.loads(d)["choices"][0]["delta"].get("content", "") for _, d in resumed[:-1] if json.loads(d)["choices"]
     )
-    assert full_text.endswith(text) and full_text[: -len(text)] == " ".join(SYNTHETIC_TEXT.split()[:5])
+    assert full_text.endswith(text)
+    assert full_text[: -len(text)] == " ".join(SYNTHETIC_TEXT.split()[:5])
     assert resumed[-1] == (None, "[DONE]")
     assert sse(get(f"/v1/streams/{completion_id}?after=5", alice_key))[:-1] == resumed[:-1]
     assert_error(get(f"/v1/streams/{completion_id}?after=x", alice_key), 400, None, "after")
@@ -416,20 +432,24 @@ def test_cancel_stops_a_running_generation(alice, alice_key, stream_store):
     post("/v1/chat/completions", {**CHAT, "stream": True, "stream_options": {"resumable": True}}, alice_key)
     record = UsageRecord.objects.get(user=alice)
     response = post(f"/v1/streams/chatcmpl-{record.stream_id}/cancel", {}, alice_key)
-    assert response.status_code == 200 and response.json()["cancelled"] is True
+    assert response.status_code == 200
+    assert response.json()["cancelled"] is True
     done = wait_for_terminal(stream_store, record.stream_id)[-1]
     engine.stop(5)
     assert done.data["status"] == "stopped"
     record.refresh_from_db()
-    assert record.status == "stopped" and record.completion_tokens < 1024
+    assert record.status == "stopped"
+    assert record.completion_tokens < 1024
 
 
 def test_usage_reports_plan_used_and_remaining(alice_key, fast_engine):
     post("/v1/chat/completions", {**CHAT, "max_tokens": 4}, alice_key)
     body = get("/v1/usage", alice_key).json()
     assert body["plan"] == "default"
-    assert body["tokens"]["used"] == 5 and body["tokens"]["remaining"] == body["tokens"]["per_day"] - 5
-    assert body["requests"]["used"] == 1 and body["requests"]["resets_in_s"] <= 60
+    assert body["tokens"]["used"] == 5
+    assert body["tokens"]["remaining"] == body["tokens"]["per_day"] - 5
+    assert body["requests"]["used"] == 1
+    assert body["requests"]["resets_in_s"] <= 60
 
 
 def test_openapi_document_and_docs_page(client):
@@ -439,7 +459,8 @@ def test_openapi_document_and_docs_page(client):
         assert path in document["paths"]
     assert "ChatCompletionRequest" in document["components"]["schemas"]
     page = client.get("/v1/docs").content.decode()
-    assert "POST /v1/chat/completions" in page and "curl -N" in page
+    assert "POST /v1/chat/completions" in page
+    assert "curl -N" in page
 
 
 def test_metrics_report_generations_and_tokens(alice_key, fast_engine, client):

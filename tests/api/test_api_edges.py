@@ -64,7 +64,8 @@ def request(method: str, path: str, key: str | None = None, **headers: str):
 
 def assert_api_error(response, status: int, code: str | None = None) -> dict:
     """OpenAI's error object, as JSON, with the request's id."""
-    assert response["Content-Type"] == "application/json" and response["X-Request-Id"]
+    assert response["Content-Type"] == "application/json"
+    assert response["X-Request-Id"]
     return assert_error(response, status, code)
 
 
@@ -76,12 +77,14 @@ def assert_api_error(response, status: int, code: str | None = None) -> dict:
 def test_unknown_paths_under_v1_are_404_error_objects_whatever_the_method_and_key(alice_key, method, path):
     for key in (alice_key, None):
         error = assert_api_error(request(method, path, key), 404)
-        assert error["type"] == "invalid_request_error" and f"{method} {path}" in error["message"]
+        assert error["type"] == "invalid_request_error"
+        assert f"{method} {path}" in error["message"]
 
 
 def test_pages_outside_v1_keep_their_html_errors(alice_client):
     response = alice_client.get("/no-such-page/")
-    assert response.status_code == 404 and response["Content-Type"].startswith("text/html")
+    assert response.status_code == 404
+    assert response["Content-Type"].startswith("text/html")
 
 
 @pytest.mark.parametrize(
@@ -101,7 +104,8 @@ def test_a_wrong_method_is_a_405_error_object_with_allow_before_any_key_check(al
     for key in (alice_key, "cs-wrong", None):
         response = request(method, path, key)
         error = assert_api_error(response, 405)
-        assert response["Allow"] == allowed and allowed in error["message"]
+        assert response["Allow"] == allowed
+        assert allowed in error["message"]
 
 
 def test_an_oversized_body_is_a_413_error_object_that_starts_nothing(alice, alice_key, fast_engine, settings):
@@ -134,13 +138,16 @@ def test_an_unexpected_exception_is_a_500_naming_the_request_and_only_the_log_ha
     assert SECRET not in response.content.decode()
     assert all(response.has_header(name) for name in RATE_HEADERS)
     logged = [r for r in caplog.records if request_id in r.getMessage()]
-    assert logged and logged[0].exc_info and SECRET in str(logged[0].exc_info[1])
+    assert logged
+    assert logged[0].exc_info
+    assert SECRET in str(logged[0].exc_info[1])
 
 
 @pytest.mark.parametrize(("sent", "kept"), [("req-42.b:7", True), ("two words", False), ("x" * 129, False)])
 def test_a_plain_client_request_id_is_kept_and_others_replaced(alice_key, fast_engine, sent, kept):
     response = get("/v1/models", alice_key, HTTP_X_REQUEST_ID=sent)
-    assert (response["X-Request-Id"] == sent) is kept and response["X-Request-Id"]
+    assert (response["X-Request-Id"] == sent) is kept
+    assert response["X-Request-Id"]
 
 
 def test_a_stream_whose_reading_fails_ends_with_an_error_event_naming_the_request(
@@ -157,8 +164,10 @@ def test_a_stream_whose_reading_fails_ends_with_an_error_event_naming_the_reques
     events = sse(response)
     assert json.loads(events[0][1])["choices"][0]["delta"]["role"] == "assistant"
     assert json.loads(events[-2][1])["error"]["message"] == failure_message(response["X-Request-Id"])
-    assert events[-1] == (None, "[DONE]") and SECRET not in str(events)
-    assert SECRET in caplog.text and response["X-Request-Id"] in caplog.text
+    assert events[-1] == (None, "[DONE]")
+    assert SECRET not in str(events)
+    assert SECRET in caplog.text
+    assert response["X-Request-Id"] in caplog.text
 
 
 def failing_middleware(get_response):
@@ -177,8 +186,10 @@ def test_what_django_refuses_around_the_api_is_an_error_object_and_a_page_elsewh
     page = client.get("/accounts/login/")
 
     error = assert_api_error(api, 500)
-    assert error["message"] == failure_message(api["X-Request-Id"]) and SECRET not in api.content.decode()
-    assert page.status_code == 500 and page["Content-Type"].startswith("text/html")
+    assert error["message"] == failure_message(api["X-Request-Id"])
+    assert SECRET not in api.content.decode()
+    assert page.status_code == 500
+    assert page["Content-Type"].startswith("text/html")
     assert api["X-Request-Id"] in caplog.text
 
 
@@ -205,7 +216,8 @@ def test_only_an_assistant_message_that_calls_tools_may_leave_out_its_content():
     calling = ChatCompletionRequest.model_validate_json(
         json.dumps({**CHAT, "messages": [*CHAT["messages"], {"role": "assistant", "tool_calls": [call]}]})
     )
-    assert calling.messages[1].content is None and calling.chat()[1]["content"] == ""
+    assert calling.messages[1].content is None
+    assert calling.chat()[1]["content"] == ""
     with pytest.raises(ValueError, match="Field required in an assistant message without tool_calls"):
         ChatCompletionRequest.model_validate_json(json.dumps({**CHAT, "messages": [{"role": "assistant"}]}))
 
@@ -234,7 +246,8 @@ def test_neutral_values_ask_nothing_of_the_model_and_others_pass_on_to_model_ser
     asking = {"frequency_penalty": 0.5, "presence_penalty": -1.0, "logit_bias": {"198": -100}}
     for schema, body in ((ChatCompletionRequest, CHAT), (CompletionRequest, TEXT)):
         extra = schema.model_validate_json(json.dumps({**body, **asking})).generation_params().extra
-        assert extra == asking and set(extra) <= set(PASSTHROUGH_FIELDS)
+        assert extra == asking
+        assert set(extra) <= set(PASSTHROUGH_FIELDS)
 
 
 @pytest.mark.parametrize(
@@ -257,8 +270,10 @@ def test_a_value_no_model_here_honours_is_a_400_naming_the_field(
 ):
     body = CHAT if path.endswith("chat/completions") else TEXT
     error = assert_api_error(post(path, {**body, field: value}, alice_key), 400)
-    assert error["type"] == "invalid_request_error" and error["param"] == param
-    assert error["message"].startswith(f"{param}: chatsite") and "only" in error["message"]
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
+    assert error["message"].startswith(f"{param}: chatsite")
+    assert "only" in error["message"]
     assert not UsageRecord.objects.filter(user=alice).exists()
 
 
@@ -270,7 +285,8 @@ def test_what_only_model_servers_honour_is_a_400_naming_the_field_for_in_process
     alice, alice_key, fast_engine, path, body, field, value
 ):
     error = assert_api_error(post(path, {**body, field: value}, alice_key), 400)
-    assert error["param"] == field and "does not support" in error["message"]
+    assert error["param"] == field
+    assert "does not support" in error["message"]
     assert not UsageRecord.objects.filter(user=alice).exists()
 
 
@@ -299,13 +315,15 @@ def test_the_openapi_document_describes_the_accepted_fields_and_the_other_errors
     schemas = document["components"]["schemas"]
     chat, text = schemas["ChatCompletionRequest"]["properties"], schemas["CompletionRequest"]["properties"]
     for field in ("frequency_penalty", "presence_penalty", "logit_bias", "n", "user"):
-        assert field in chat and field in text
+        assert field in chat
+        assert field in text
     for field in ("store", "metadata", "service_tier", "modalities", "parallel_tool_calls", "response_format"):
         assert field in chat
     for field in ("best_of", "echo", "suffix", "logprobs"):
         assert field in text
     assert "model servers" in json.dumps(chat["frequency_penalty"])
-    assert chat["n"]["anyOf"][0]["enum"] == [1] and "one choice" in chat["n"]["anyOf"][0]["description"]
+    assert chat["n"]["anyOf"][0]["enum"] == [1]
+    assert "one choice" in chat["n"]["anyOf"][0]["description"]
     assert chat["service_tier"]["anyOf"][0]["enum"] == ["auto", "default"]
     assert text["logprobs"]["anyOf"][0]["type"] == "null"
     for operations in document["paths"].values():
@@ -335,7 +353,8 @@ def test_the_document_states_the_bounds_the_server_checks(client):
     chat = client.get("/v1/openapi.json").json()["components"]["schemas"]["ChatCompletionRequest"]["properties"]
     sequence, sequences, _ = chat["stop"]["anyOf"]
     assert (sequence["minLength"], sequence["maxLength"]) == (1, 100)
-    assert sequences["items"] == sequence and sequences["maxItems"] == 4
+    assert sequences["items"] == sequence
+    assert sequences["maxItems"] == 4
     bias = chat["logit_bias"]["anyOf"][0]
     assert bias["additionalProperties"] is False
     assert bias["patternProperties"]["^[0-9]{1,10}$"] == {"type": "integer", "minimum": -100, "maximum": 100}
@@ -350,7 +369,8 @@ def test_the_document_describes_every_answer_with_its_schema(client):
     assert {"X-Request-Id", "x-ratelimit-remaining-tokens"} <= set(chat["200"]["headers"])
     for status in ("400", "401", "404", "405", "413", "429", "500", "503"):
         assert chat[status]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Error"}
-    assert "Retry-After" in chat["429"]["headers"] and "Retry-After" in chat["503"]["headers"]
+    assert "Retry-After" in chat["429"]["headers"]
+    assert "Retry-After" in chat["503"]["headers"]
     assert "Allow" in chat["405"]["headers"]
     assert list(paths["/streams/{id}"]["get"]["responses"]["200"]["content"]) == ["text/event-stream"]
     models = paths["/models"]["get"]["responses"]["200"]["content"]["application/json"]["schema"]

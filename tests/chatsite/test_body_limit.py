@@ -59,7 +59,9 @@ async def test_a_content_length_over_the_limit_is_refused_before_any_receive():
     app, sent, receives = await call("/v1/chat/completions", [b"{}"], [(b"content-length", str(LIMIT + 1).encode())])
 
     status, headers, body = response_of(sent)
-    assert status == 413 and receives == 0 and not app.called
+    assert status == 413
+    assert receives == 0
+    assert not app.called
     assert headers[b"content-type"] == b"application/json"
     assert json.loads(body) == {
         "error": {
@@ -75,7 +77,8 @@ async def test_pages_get_a_plain_413():
     _, sent, _ = await call("/accounts/login/", [b""], [(b"content-length", str(LIMIT + 1).encode())])
 
     status, headers, body = response_of(sent)
-    assert status == 413 and headers[b"content-type"].startswith(b"text/plain")
+    assert status == 413
+    assert headers[b"content-type"].startswith(b"text/plain")
     assert body.startswith(b"Request body too large")
 
 
@@ -94,7 +97,8 @@ async def test_bodies_within_the_limit_pass_untouched():
 
     app, sent, receives = await call("/v1/completions", chunks, [(b"content-length", str(LIMIT).encode())])
 
-    assert receives == 3 and [len(m["body"]) for m in app.received] == [len(c) for c in chunks]
+    assert receives == 3
+    assert [len(m["body"]) for m in app.received] == [len(c) for c in chunks]
     assert response_of(sent) == (200, {}, b"read")
 
 
@@ -103,4 +107,5 @@ async def test_no_limit_reads_everything(settings):
 
     _, sent, receives = await call("/v1/completions", [b"x" * MB] * 4)
 
-    assert receives == 4 and response_of(sent)[0] == 200
+    assert receives == 4
+    assert response_of(sent)[0] == 200

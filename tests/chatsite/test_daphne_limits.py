@@ -54,7 +54,8 @@ def test_headers_complete_within_the_deadline_are_answered_and_the_connection_ke
     trickle(clock, channel, REQUEST, every_s=0.1)  # 5.6 s
     clock.advance(30)
 
-    assert transport.value().startswith(b"HTTP/1.1 200 OK") and transport.value().endswith(b"hi")
+    assert transport.value().startswith(b"HTTP/1.1 200 OK")
+    assert transport.value().endswith(b"hi")
     assert not transport.disconnecting
 
 
@@ -67,8 +68,10 @@ def test_a_kept_alive_connection_may_idle_but_its_next_requests_headers_have_the
 
     trickle(clock, channel, REQUEST[:40], every_s=0.3)  # the next request's first byte starts the clock
 
-    assert answered.endswith(b"hi") and not transport.value().startswith(b"HTTP/1.1 200")
-    assert transport.value() == REQUEST_TIMEOUT and transport.disconnecting
+    assert answered.endswith(b"hi")
+    assert not transport.value().startswith(b"HTTP/1.1 200")
+    assert transport.value() == REQUEST_TIMEOUT
+    assert transport.disconnecting
 
 
 def test_a_connection_that_sends_nothing_is_closed_at_the_deadline(connection):
@@ -76,4 +79,5 @@ def test_a_connection_that_sends_nothing_is_closed_at_the_deadline(connection):
 
     clock.advance(10)
 
-    assert transport.value() == REQUEST_TIMEOUT and transport.disconnecting
+    assert transport.value() == REQUEST_TIMEOUT
+    assert transport.disconnecting

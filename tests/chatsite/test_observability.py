@@ -68,8 +68,11 @@ def test_the_request_line_hides_query_values_and_counts_the_route(caplog):
     run_request(plain_ok, "/v1/models", query=b"api_key=sk-very-secret&after=3")
 
     (record,) = [r for r in caplog.records if r.name == "chatsite.access"]
-    assert record.query == "api_key=***&after=***" and "sk-very-secret" not in caplog.text
-    assert record.status == 200 and record.path == "/v1/models" and record.duration_ms >= 0
+    assert record.query == "api_key=***&after=***"
+    assert "sk-very-secret" not in caplog.text
+    assert record.status == 200
+    assert record.path == "/v1/models"
+    assert record.duration_ms >= 0
     after = REGISTRY.get_sample_value(
         "chatsite_http_requests_total", {"route": "/v1/models", "method": "GET", "status": "200"}
     )
@@ -103,7 +106,9 @@ def test_a_json_log_line_is_one_line_with_its_traceback_inside():
         logger.removeHandler(handler)
     (line,) = stream.getvalue().splitlines()
     record = json.loads(line)
-    assert record["level"] == "ERROR" and record["request_id"] == "req-7" and record["message"] == "it failed"
+    assert record["level"] == "ERROR"
+    assert record["request_id"] == "req-7"
+    assert record["message"] == "it failed"
     assert "RuntimeError: boom" in record["exc_info"]
 
 
@@ -151,7 +156,8 @@ def test_a_text_log_keeps_a_traceback_in_its_record_line():
     finally:
         logger.removeHandler(handler)
     (line,) = stream.getvalue().splitlines()
-    assert "it failed" in line and "RuntimeError: boom\\nforged" in line
+    assert "it failed" in line
+    assert "RuntimeError: boom\\nforged" in line
 
 
 def test_an_api_generation_logs_one_line_with_its_request_and_is_measured(alice_key, fast_engine, caplog):
@@ -161,9 +167,13 @@ def test_an_api_generation_logs_one_line_with_its_request_and_is_measured(alice_
 
     assert response.status_code == 200
     (record,) = [r for r in caplog.records if r.name == "chatsite.generation"]
-    assert record.request_id == "gen-1" and record.completion_tokens == 3 and record.status == "complete"
-    assert record.ttft_ms is not None and record.queue_wait_ms is not None
-    assert "content" not in record.__dict__ and "Hello" not in caplog.text  # never the prompt or the answer
+    assert record.request_id == "gen-1"
+    assert record.completion_tokens == 3
+    assert record.status == "complete"
+    assert record.ttft_ms is not None
+    assert record.queue_wait_ms is not None
+    assert "content" not in record.__dict__
+    assert "Hello" not in caplog.text  # never the prompt or the answer
     after = REGISTRY.get_sample_value("chatsite_ttft_seconds_count", {"model": "smollm2-135m-instruct"})
     assert after == before + 1
 
@@ -203,7 +213,8 @@ def test_metrics_take_the_bearer_token_from_anywhere(client, fast_engine, settin
     settings.METRICS_TOKEN = "scrape-me"
     good = client.get("/metrics", REMOTE_ADDR="10.1.2.3", HTTP_AUTHORIZATION="Bearer scrape-me")
     wrong = client.get("/metrics", REMOTE_ADDR="127.0.0.1", HTTP_AUTHORIZATION="Bearer guess")
-    assert good.status_code == 200 and "chatsite_generated_tokens_total" in good.content.decode()
+    assert good.status_code == 200
+    assert "chatsite_generated_tokens_total" in good.content.decode()
     assert wrong.status_code == 403
 
 
@@ -223,4 +234,5 @@ def test_the_grafana_dashboard_asks_only_for_series_the_service_exports(alice_ke
     # Model servers' and GPU series exist only with model servers and on CUDA.
     asked = set(re.findall(r"chatsite_(?!upstream_|gpu_)\w+", dashboard))
     missing = {name for name in asked if re.sub(r"_bucket$", "", name) not in exported}
-    assert asked and not missing
+    assert asked
+    assert not missing

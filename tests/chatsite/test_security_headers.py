@@ -48,7 +48,9 @@ def assert_secured(headers: dict[str, str], policy: str = POLICY) -> None:
 def test_the_policy_allows_no_inline_code_or_foreign_source(settings):
     directives = settings.CONTENT_SECURITY_POLICY["DIRECTIVES"]
     assert directives["script-src"] == directives["style-src"] == ["'self'"]
-    assert "unsafe" not in POLICY and "data:" not in POLICY and "*" not in POLICY
+    assert "unsafe" not in POLICY
+    assert "data:" not in POLICY
+    assert "*" not in POLICY
 
 
 @pytest.mark.parametrize("path", ["/accounts/login/", "/accounts/signup/", "/chat/", "/accounts/keys/", "/admin/"])
@@ -77,7 +79,8 @@ def answer(alice, fast_engine):
 async def test_the_answer_stream_carries_the_security_headers(alice_client, answer):
     response = await get_stream(answer.get_stream_url(), session_headers(alice_client))
 
-    assert response["status"] == 200 and b"event: done" in response["body"]
+    assert response["status"] == 200
+    assert b"event: done" in response["body"]
     headers = lowered(response["headers"])
     assert headers["content-type"].startswith("text/event-stream")
     assert_secured(headers)
@@ -117,7 +120,8 @@ def test_the_apis_event_streams_carry_them_too(alice_key, fast_engine):
 
     response = async_to_sync(get_stream)(f"/v1/streams/{completion_id}", headers, handler=ProgramsHandler())
 
-    assert response["status"] == 200 and response["body"].endswith(b"data: [DONE]\n\n")
+    assert response["status"] == 200
+    assert response["body"].endswith(b"data: [DONE]\n\n")
     headers = lowered(response["headers"])
     assert headers["content-type"].startswith("text/event-stream")
     assert_secured(headers)
@@ -153,7 +157,8 @@ def test_with_the_proxy_header_trusted_a_form_post_from_the_site_itself_passes(a
 
     response = login_post(Client(enforce_csrf_checks=True), host="chat.example.com", origin=SITE)
 
-    assert response.status_code == 302 and response["Location"] == reverse("generation:chat")
+    assert response.status_code == 302
+    assert response["Location"] == reverse("generation:chat")
 
 
 @pytest.mark.parametrize(("trusted", "status"), [([SITE], 302), (["https://other.example.com"], 403), ([], 403)])
@@ -171,8 +176,10 @@ def test_the_csrf_failure_page_behind_a_proxy_says_what_to_set_and_keeps_the_pol
 
     page = response.content.decode()
     assert response.status_code == 403
-    assert "DJANGO_SECURE_PROXY_SSL_HEADER" in page and "DJANGO_CSRF_TRUSTED_ORIGINS" in page
-    assert "<style" not in page and "style=" not in page
+    assert "DJANGO_SECURE_PROXY_SSL_HEADER" in page
+    assert "DJANGO_CSRF_TRUSTED_ORIGINS" in page
+    assert "<style" not in page
+    assert "style=" not in page
     assert_secured(lowered(response.headers))
 
 
@@ -188,7 +195,8 @@ def test_https_requests_get_hsts_and_plain_http_pages_are_redirected(behind_prox
 
     assert secure.status_code == 200
     assert secure["Strict-Transport-Security"] == "max-age=31536000; includeSubDomains"
-    assert plain.status_code == 301 and plain["Location"] == f"{SITE}/accounts/login/"
+    assert plain.status_code == 301
+    assert plain["Location"] == f"{SITE}/accounts/login/"
     assert "Strict-Transport-Security" not in plain
 
 
@@ -201,8 +209,10 @@ async def test_probes_over_plain_http_are_not_redirected_and_api_answers_get_hst
     probe = await get_stream("/healthz", [host], handler=ProgramsHandler())
     api = await get_stream("/v1/models", [host, (b"x-forwarded-proto", b"https")], handler=ProgramsHandler())
 
-    assert probe["status"] == 200 and "strict-transport-security" not in lowered(probe["headers"])
-    assert api["status"] == 401 and lowered(api["headers"])["strict-transport-security"] == "max-age=3600"
+    assert probe["status"] == 200
+    assert "strict-transport-security" not in lowered(probe["headers"])
+    assert api["status"] == 401
+    assert lowered(api["headers"])["strict-transport-security"] == "max-age=3600"
 
 
 async def test_the_liveness_probe_keeps_its_headers_and_checks_the_host():

@@ -45,7 +45,8 @@ def test_a_paragraph_longer_than_a_passage_is_cut_into_overlapping_windows():
 
 
 def test_text_without_words_has_no_passages():
-    assert passages_of("") == [] and passages_of(" \n\n\t\r\n ") == []
+    assert passages_of("") == []
+    assert passages_of(" \n\n\t\r\n ") == []
 
 
 def test_windows_line_endings_and_long_headings_are_handled():

@@ -62,6 +62,8 @@ def test_uploading_the_costly_pdf_tells_the_user_why_and_stores_nothing(alice, a
 
     response = upload(alice_client, conversation, "costly.pdf", many_tiny_operators_pdf())
 
-    assert response.status_code == 422 and 'role="alert"' in response.text
+    assert response.status_code == 422
+    assert 'role="alert"' in response.text
     assert "costly.pdf took too long to read (over 1 seconds)" in response.text
-    assert not Document.objects.exists() and not Passage.objects.exists()
+    assert not Document.objects.exists()
+    assert not Passage.objects.exists()

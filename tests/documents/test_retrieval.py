@@ -56,7 +56,8 @@ def test_the_right_document_is_among_the_top_three_passages_for_at_least_18_of_2
 def test_the_prompt_numbers_the_passages_as_the_sources_and_asks_for_citations(alice, corpus):
     retrieval = services.retrieval_for(user=alice, conversation_id=corpus.id, question="When do spring tides happen?")
 
-    assert retrieval is not None and retrieval.sources
+    assert retrieval is not None
+    assert retrieval.sources
     assert "[1], [2]" not in retrieval.prompt  # the instruction's example is "[1] or [2]"
     assert "like [1] or [2]" in retrieval.prompt
     for source in retrieval.sources:
@@ -78,7 +79,8 @@ def test_another_users_documents_are_never_retrieved(alice, bob, corpus):
     # A conversation id of alice's asked for on bob's behalf finds nothing of hers.
     crossed = services.retrieval_for(user=bob, conversation_id=corpus.id, question="spring tides moon")
 
-    assert alices_sources is not None and bobs_sources is not None
+    assert alices_sources is not None
+    assert bobs_sources is not None
     assert "bobs-tides.txt" not in {s["document"] for s in alices_sources.sources}
     assert {s["document"] for s in bobs_sources.sources} <= {"bobs-tides.txt"}
     assert crossed is None
@@ -92,7 +94,8 @@ def test_a_question_that_matches_nothing_gets_no_sources_and_goes_to_the_model_a
     retrieval = services.retrieval_for(user=alice, conversation_id=corpus.id, question="zyzzyva quokka?")
 
     assert retrieval is not None
-    assert retrieval.sources == [] and retrieval.prompt == "zyzzyva quokka?"
+    assert retrieval.sources == []
+    assert retrieval.prompt == "zyzzyva quokka?"
 
 
 def test_a_removed_documents_passages_leave_the_index(alice, corpus):

@@ -45,13 +45,18 @@ def test_the_stream_says_retrieving_then_generating_with_sources_then_streams_to
     retrieving, generating, *tokens, done = events
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
     assert (retrieving.type, retrieving.data) == ("status", {"state": "retrieving"})
-    assert generating.type == "status" and generating.data["state"] == "generating"
+    assert generating.type == "status"
+    assert generating.data["state"] == "generating"
     sources = generating.data["sources"]
-    assert sources[0]["document"] == "tides.txt" and sources[0]["number"] == 1
+    assert sources[0]["document"] == "tides.txt"
+    assert sources[0]["number"] == 1
     assert {"number", "document", "passage", "excerpt", "url"} == set(sources[0])
-    assert tokens and {e.type for e in tokens} == {"token"} and done.type == "done"
+    assert tokens
+    assert {e.type for e in tokens} == {"token"}
+    assert done.type == "done"
     answer.refresh_from_db()
-    assert answer.status == "complete" and answer.sources == sources
+    assert answer.status == "complete"
+    assert answer.sources == sources
 
 
 def test_the_prompt_carries_the_numbered_passages_and_asks_for_citations(conversation, fast_engine, monkeypatch):
@@ -64,7 +69,8 @@ def test_the_prompt_carries_the_numbered_passages_and_asks_for_citations(convers
 
     last_turn = submitted[0].prompt[-1]
     assert last_turn["role"] == "user"
-    assert "[1] From tides.txt" in last_turn["content"] and "like [1] or [2]" in last_turn["content"]
+    assert "[1] From tides.txt" in last_turn["content"]
+    assert "like [1] or [2]" in last_turn["content"]
     assert last_turn["content"].endswith(f"Question: {QUESTION}")
     prompt = Message.objects.get(conversation=conversation, role="user")
     assert prompt.content == QUESTION  # the conversation shows the question as asked
@@ -101,7 +107,8 @@ async def test_the_browsers_stream_and_the_reloaded_page_show_the_same_sources(a
     assert json.loads(events[0]["data"]) == {"state": "retrieving"}
     generating = json.loads(events[1]["data"])
     assert generating["state"] == "generating"
-    assert {e["event"] for e in events[2:-1]} == {"token"} and events[-1]["event"] == "done"
+    assert {e["event"] for e in events[2:-1]} == {"token"}
+    assert events[-1]["event"] == "done"
     for source in generating["sources"]:
         link = f'<a href="{source["url"]}">[{source["number"]}] {source["document"]}</a>'
         assert link in events[-1]["data"]  # the saved answer the page swaps in
@@ -126,8 +133,10 @@ async def test_the_websocket_relays_the_same_stages(alice_client, conversation, 
 
     assert started["type"] == "started"
     assert received[0] == {"type": "status", "seq": 1, "state": "retrieving"}
-    assert received[1]["state"] == "generating" and received[1]["sources"][0]["document"] == "tides.txt"
-    assert {m["type"] for m in received[2:-1]} == {"token"} and received[-1]["type"] == "done"
+    assert received[1]["state"] == "generating"
+    assert received[1]["sources"][0]["document"] == "tides.txt"
+    assert {m["type"] for m in received[2:-1]} == {"token"}
+    assert received[-1]["type"] == "done"
     saved = await Message.objects.aget(pk=started["message_id"])
     assert saved.sources == received[1]["sources"]
 
@@ -144,7 +153,8 @@ def test_an_answer_the_queue_refuses_leaves_no_answer_and_its_stream_ends(conver
         assert len(refused) == 1
         events = stream_store.events(refused[0])
         assert [e.data.get("state") for e in events[:2]] == ["retrieving", "generating"]
-        assert events[-1].terminal and events[-1].type == "error"
+        assert events[-1].terminal
+        assert events[-1].type == "error"
     finally:
         stream_store.cancel(running.stream_id)
         engine.stop(10)

@@ -34,11 +34,14 @@ def test_owner_attaches_a_markdown_file_and_sees_it_listed(alice_client, convers
     response = upload(alice_client, conversation, "notes.md", NOTES.encode())
 
     assert response.status_code == 200
-    assert 'id="documents"' in response.text and "notes.md" in response.text and "Documents (1)" in response.text
+    assert 'id="documents"' in response.text
+    assert "notes.md" in response.text
+    assert "Documents (1)" in response.text
     document = Document.objects.get(conversation=conversation)
     assert (document.name, document.kind, document.size_bytes) == ("notes.md", "markdown", len(NOTES.encode()))
     passage = document.passages.get()
-    assert passage.heading == "Lighthouses" and "Fresnel lenses focus the beam" in passage.text
+    assert passage.heading == "Lighthouses"
+    assert "Fresnel lenses focus the beam" in passage.text
 
 
 def test_a_pdf_becomes_passages_of_its_text(alice_client, conversation):
@@ -53,14 +56,17 @@ def test_the_chat_page_lists_the_conversations_documents(alice_client, conversat
 
     page = alice_client.get(conversation.get_absolute_url())
 
-    assert "notes.md" in page.text and "Attach a file" in page.text and "Remove notes.md" in page.text
+    assert "notes.md" in page.text
+    assert "Attach a file" in page.text
+    assert "Remove notes.md" in page.text
 
 
 def test_without_javascript_an_upload_returns_to_the_conversation(alice_client, conversation):
     url = reverse("documents:upload", args=[conversation.id])
     response = alice_client.post(url, {"file": SimpleUploadedFile("notes.txt", b"Plain words here.")})
 
-    assert response.status_code == 302 and response["Location"] == conversation.get_absolute_url()
+    assert response.status_code == 302
+    assert response["Location"] == conversation.get_absolute_url()
     assert Document.objects.filter(conversation=conversation, kind="text").exists()
 
 
@@ -86,8 +92,10 @@ def test_an_unusable_file_is_refused_with_a_clear_message_and_nothing_saved(
     response = upload(alice_client, conversation, name, data)
 
     assert response.status_code == 422
-    assert words in response.text and 'role="alert"' in response.text
-    assert not Document.objects.exists() and not Passage.objects.exists()
+    assert words in response.text
+    assert 'role="alert"' in response.text
+    assert not Document.objects.exists()
+    assert not Passage.objects.exists()
 
 
 def test_a_refused_file_loses_nothing_already_attached(alice_client, conversation):
@@ -96,7 +104,8 @@ def test_a_refused_file_loses_nothing_already_attached(alice_client, conversatio
     response = upload(alice_client, conversation, "broken.pdf", b"%PDF-1.4 not really")
 
     assert response.status_code == 422
-    assert "notes.md" in response.text and "Documents (1)" in response.text
+    assert "notes.md" in response.text
+    assert "Documents (1)" in response.text
     assert Document.objects.get().passages.count() == 1
 
 
@@ -142,8 +151,10 @@ def test_an_upload_without_a_file_says_to_choose_one(alice_client, conversation)
     missing = alice_client.post(url, {"other": "field"}, **HTMX)
     not_multipart = alice_client.post(url, b'{"file": "notes.txt"}', content_type="application/json", **HTMX)
 
-    assert missing.status_code == 422 and "Choose a file to attach." in missing.text
-    assert not_multipart.status_code == 422 and "Choose a file to attach." in not_multipart.text
+    assert missing.status_code == 422
+    assert "Choose a file to attach." in missing.text
+    assert not_multipart.status_code == 422
+    assert "Choose a file to attach." in not_multipart.text
     assert not Document.objects.exists()
 
 
@@ -152,14 +163,16 @@ def test_a_file_name_over_255_characters_is_shortened_keeping_its_extension(alic
 
     assert response.status_code == 200
     name = Document.objects.get().name
-    assert len(name) == 255 and name.endswith("n.txt")
+    assert len(name) == 255
+    assert name.endswith("n.txt")
 
 
 def test_without_javascript_a_refusal_is_a_page_that_says_why(alice_client, conversation):
     url = reverse("documents:upload", args=[conversation.id])
     response = alice_client.post(url, {"file": SimpleUploadedFile("empty.txt", b"")})
 
-    assert response.status_code == 400 and "empty.txt is empty." in response.text
+    assert response.status_code == 400
+    assert "empty.txt is empty." in response.text
 
 
 def test_owner_removes_a_document_and_its_passages(alice_client, conversation):
@@ -167,8 +180,10 @@ def test_owner_removes_a_document_and_its_passages(alice_client, conversation):
 
     response = alice_client.post(reverse("documents:delete", args=[document.pk]), **HTMX)
 
-    assert response.status_code == 200 and "Documents (0)" in response.text
-    assert not Document.objects.exists() and not Passage.objects.exists()
+    assert response.status_code == 200
+    assert "Documents (0)" in response.text
+    assert not Document.objects.exists()
+    assert not Passage.objects.exists()
 
 
 def test_a_cited_passage_opens_for_its_owner(alice_client, conversation):
@@ -177,7 +192,8 @@ def test_a_cited_passage_opens_for_its_owner(alice_client, conversation):
     page = alice_client.get(passage.get_absolute_url())
 
     assert page.status_code == 200
-    assert "notes.md" in page.text and "Fresnel lenses focus the beam" in page.text
+    assert "notes.md" in page.text
+    assert "Fresnel lenses focus the beam" in page.text
 
 
 def test_others_cannot_attach_to_remove_or_read_alices_documents(alice_client, bob_client, conversation):
@@ -193,7 +209,8 @@ def test_others_cannot_attach_to_remove_or_read_alices_documents(alice_client, b
 def test_logged_out_requests_go_to_the_log_in_page(client, conversation):
     response = upload(client, conversation, "notes.txt", b"words")
 
-    assert response.status_code == 302 and response["Location"].startswith(reverse("accounts:login"))
+    assert response.status_code == 302
+    assert response["Location"].startswith(reverse("accounts:login"))
     assert client.get(reverse("documents:passage", args=[1])).status_code == 302
     assert not Document.objects.exists()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.livesite import user_with_api_key
+from tests.support.livesite import user_with_api_key
 
 MODEL = "smollm2-135m-instruct"
 
@@ -25,9 +25,11 @@ def test_the_openai_client_gets_the_same_text_from_the_cache_streamed_or_not(cli
         )
 
     first, again = ask(), ask()
-    assert first.headers["x-chatsite-cache"] == "miss" and again.headers["x-chatsite-cache"] == "hit"
+    assert first.headers["x-chatsite-cache"] == "miss"
+    assert again.headers["x-chatsite-cache"] == "hit"
     text = first.parse().choices[0].message.content
-    assert text and again.parse().choices[0].message.content == text
+    assert text
+    assert again.parse().choices[0].message.content == text
     assert again.parse().usage.completion_tokens == 0  # a hit counts no completion tokens
 
     with client.chat.completions.with_streaming_response.create(

@@ -22,7 +22,7 @@ from schemathesis.checks import CHECKS
 
 from api.openapi import openapi_document
 from inference.upstream import PASSTHROUGH_FIELDS
-from tests.livesite import unlimited_api_key
+from tests.support.livesite import unlimited_api_key
 
 pytestmark = pytest.mark.slow  # hundreds of generated requests
 

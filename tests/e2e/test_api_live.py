@@ -11,8 +11,8 @@ import httpx
 import openai
 import pytest
 
-from tests.livesite import ROOT, LiveSite, user_with_api_key
 from tests.support.engines import wait_until
+from tests.support.livesite import ROOT, LiveSite, user_with_api_key
 
 MODEL = "smollm2-135m-instruct"
 HELLO = [{"role": "user", "content": "Write a short poem about rivers."}]
@@ -50,8 +50,10 @@ def test_the_api_and_the_probes_skip_the_browsers_middleware_but_keep_its_securi
         assert response.headers["X-Content-Type-Options"] == "nosniff"
         assert response.headers["X-Frame-Options"] == "DENY"
         assert "default-src 'none'" in response.headers["Content-Security-Policy"]
-    assert "Vary" not in api.headers and "Vary" not in probe.headers  # no session, no CSRF cookie looked at
-    assert "Cookie" in page.headers["Vary"] and "csrftoken" in page.cookies
+    assert "Vary" not in api.headers
+    assert "Vary" not in probe.headers  # no session, no CSRF cookie looked at
+    assert "Cookie" in page.headers["Vary"]
+    assert "csrftoken" in page.cookies
 
 
 def test_the_server_logs_one_json_line_per_request_and_generation_and_never_a_key_or_a_prompt(live_site, client):
@@ -77,11 +79,19 @@ def test_the_server_logs_one_json_line_per_request_and_generation_and_never_a_ke
     text = live_site.log_path.read_text()
     (access,) = [line for line in mine if line["logger"] == "chatsite.access"]
     (generation,) = [line for line in mine if line["logger"] == "chatsite.generation"]
-    assert access["status"] == 200 and access["method"] == "POST" and access["path"] == "/v1/chat/completions"
-    assert access["user_id"] and access["key_prefix"] and access["model"] == MODEL and access["stream_id"]
-    assert generation["stream_id"] == access["stream_id"] and 1 <= generation["completion_tokens"] <= 4
-    assert generation["ttft_ms"] is not None and generation["duration_ms"] >= generation["ttft_ms"]
-    assert client.api_key not in text and secret not in text
+    assert access["status"] == 200
+    assert access["method"] == "POST"
+    assert access["path"] == "/v1/chat/completions"
+    assert access["user_id"]
+    assert access["key_prefix"]
+    assert access["model"] == MODEL
+    assert access["stream_id"]
+    assert generation["stream_id"] == access["stream_id"]
+    assert 1 <= generation["completion_tokens"] <= 4
+    assert generation["ttft_ms"] is not None
+    assert generation["duration_ms"] >= generation["ttft_ms"]
+    assert client.api_key not in text
+    assert secret not in text
 
 
 def test_a_host_not_allowed_is_refused_under_v1_too(live_site, alice_key):
@@ -89,7 +99,8 @@ def test_a_host_not_allowed_is_refused_under_v1_too(live_site, alice_key):
     refused = httpx.get(
         f"{live_site.base_url}/v1/models", headers={"Authorization": f"Bearer {alice_key}", "Host": "evil.example"}
     )
-    assert refused.status_code == 400 and refused.json()["error"]["type"] == "invalid_request_error"
+    assert refused.status_code == 400
+    assert refused.json()["error"]["type"] == "invalid_request_error"
 
 
 def test_models_list(client):
@@ -106,7 +117,8 @@ def test_streaming_chat_with_usage(client):
     assert len(text) > 20
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finishes == ["length"]
-    assert chunks[-1].usage.completion_tokens == 24 and chunks[-1].usage.prompt_tokens > 5
+    assert chunks[-1].usage.completion_tokens == 24
+    assert chunks[-1].usage.prompt_tokens > 5
 
 
 def test_non_streaming_equals_streaming_for_greedy(client):
@@ -114,7 +126,8 @@ def test_non_streaming_equals_streaming_for_greedy(client):
     streamed = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=16, temperature=0, stream=True)
     text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
     assert whole.choices[0].message.content == text
-    assert whole.usage.completion_tokens == 16 and whole.choices[0].finish_reason == "length"
+    assert whole.usage.completion_tokens == 16
+    assert whole.choices[0].finish_reason == "length"
 
 
 def test_stop_sequence(client):
@@ -128,7 +141,8 @@ def test_stop_sequence(client):
 
 def test_legacy_completion(client):
     completion = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=5, temperature=0)
-    assert completion.choices[0].text and completion.usage.completion_tokens == 5
+    assert completion.choices[0].text
+    assert completion.usage.completion_tokens == 5
 
 
 def test_resume_after_a_dropped_connection_equals_the_uninterrupted_text(client, live_site, alice_key):
@@ -226,7 +240,8 @@ def test_rate_limit_refusal_carries_retry_after_and_headers(live_site):
         limited.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=1)
     headers = error.value.response.headers
     assert error.value.code == "rate_limit_exceeded"
-    assert int(headers["retry-after"]) > 0 and headers["x-ratelimit-remaining-requests"] == "0"
+    assert int(headers["retry-after"]) > 0
+    assert headers["x-ratelimit-remaining-requests"] == "0"
 
 
 def test_bob_cannot_resume_or_cancel_alices_stream(client, live_site):
@@ -249,11 +264,13 @@ def test_errors_under_v1_are_error_objects_through_daphne_and_pages_keep_html(li
     page = httpx.get(f"{live_site.base_url}/no-such-page/")
 
     for response, status in ((unknown, 404), (wrong_method, 405), (too_big, 413)):
-        assert response.status_code == status and response.headers["content-type"] == "application/json"
+        assert response.status_code == status
+        assert response.headers["content-type"] == "application/json"
         assert set(response.json()["error"]) == {"message", "type", "param", "code"}
         assert response.headers["x-request-id"]
     assert wrong_method.headers["allow"] == "POST"
-    assert page.status_code == 404 and page.headers["content-type"].startswith("text/html")
+    assert page.status_code == 404
+    assert page.headers["content-type"].startswith("text/html")
 
 
 def test_the_openai_client_may_send_the_documented_fields_at_their_neutral_values(client):
@@ -284,10 +301,12 @@ def test_the_openai_client_may_send_the_documented_fields_at_their_neutral_value
     )
 
     assert whole.choices[0].message.content == "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
-    assert whole.usage.completion_tokens == 4 and text.usage.completion_tokens == 4
+    assert whole.usage.completion_tokens == 4
+    assert text.usage.completion_tokens == 4
     with pytest.raises(openai.BadRequestError) as refused:
         client.chat.completions.create(model=MODEL, messages=HELLO, n=2)
     assert refused.value.param == "n"
     with pytest.raises(openai.BadRequestError) as refused:
         client.completions.create(model=MODEL, prompt="Hi", frequency_penalty=0.5)
-    assert refused.value.param == "frequency_penalty" and "does not support" in refused.value.message
+    assert refused.value.param == "frequency_penalty"
+    assert "does not support" in refused.value.message

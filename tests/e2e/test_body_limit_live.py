@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.livesite import LiveSite
+from tests.support.livesite import LiveSite
 
 LIMIT = 2_621_440  # settings.DATA_UPLOAD_MAX_MEMORY_SIZE
 MB = 2**20
@@ -88,7 +88,8 @@ def test_requests_within_the_limit_still_work(site):
     # As far as the API key, whether the body came whole or in pieces.
     for content in (body.encode(), iter([body[:1000].encode(), body[1000:].encode()])):
         response = httpx.post(f"{site.base_url}/v1/chat/completions", content=content, timeout=30)
-        assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key"
+        assert response.status_code == 401
+        assert response.json()["error"]["code"] == "invalid_api_key"
     assert httpx.get(f"{site.base_url}/accounts/signup/").status_code == 200
     assert httpx.get(f"{site.base_url}/healthz").status_code == 200
 

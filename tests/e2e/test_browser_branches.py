@@ -169,7 +169,9 @@ def test_export_then_import_gives_the_same_conversation_with_its_branches(page, 
     with page.expect_download() as markdown:
         page.get_by_role("link", name="Markdown").click()
     text = markdown.value.path().read_text()
-    assert text.startswith("# Pack my bags") and "## Assistant (version 2 of 2)" in text and "Where to?" in text
+    assert text.startswith("# Pack my bags")
+    assert "## Assistant (version 2 of 2)" in text
+    assert "Where to?" in text
     with page.expect_download() as download:
         page.get_by_role("link", name="JSON (all versions)").click()
     saved = tmp_path / download.value.suggested_filename

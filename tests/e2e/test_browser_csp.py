@@ -76,4 +76,6 @@ def test_the_api_docs_page_renders_the_openapi_document_with_the_vendored_swagge
     expect(operations).to_have_count(6)
     page.locator(".opblock-summary-path", has_text="/chat/completions").first.click()  # unfolds its responses
     expect(page.locator(".responses-wrapper").first).to_contain_text("429")
-    assert violations == [] and errors == [] and outside == []
+    assert violations == []
+    assert errors == []
+    assert outside == []

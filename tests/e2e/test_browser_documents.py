@@ -58,7 +58,9 @@ def test_an_attached_file_is_cited_under_the_answer_and_after_a_reload(page):
     documents = page.get_by_role("list", name="Attached documents")
     expect(documents).to_contain_text("tides.txt")
     progress = page.evaluate("window.progressSeen")
-    assert progress and not progress[-1]["hidden"] and progress[-1]["value"] == 100
+    assert progress
+    assert not progress[-1]["hidden"]
+    assert progress[-1]["value"] == 100
 
     answer = ask(page, "When do spring tides happen?")
     sources = answer.get_by_role("list", name="Sources")

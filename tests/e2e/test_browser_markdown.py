@@ -14,8 +14,8 @@ import pytest
 from playwright.sync_api import expect
 
 from inference.generators import SYNTHETIC_TEXT
-from tests.livesite import ROOT, LiveSite
 from tests.support.browser import sign_up
+from tests.support.livesite import ROOT, LiveSite
 
 SYNTHETIC_ENV = {"CHAT_ENABLE_SYNTHETIC": "1", "CHAT_MODEL": "synthetic", "CHAT_SYNTHETIC_TOKENS_PER_S": "200"}
 XSS_PAYLOADS = [

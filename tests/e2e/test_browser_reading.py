@@ -15,9 +15,9 @@ import sys
 import pytest
 from playwright.sync_api import expect
 
-from tests.livesite import ROOT
 from tests.support import PASSWORD
 from tests.support.browser import REPORT_VIOLATIONS, sign_up
+from tests.support.livesite import ROOT
 
 SYNTHETIC_ENV = {"CHAT_ENABLE_SYNTHETIC": "1", "CHAT_MODEL": "synthetic", "CHAT_SYNTHETIC_TOKENS_PER_S": "50"}
 CONVERSATION_URL = re.compile(r"/chat/[0-9a-f-]{36}/$")
@@ -188,7 +188,8 @@ def test_on_a_phone_the_conversation_list_is_a_drawer(open_page):
     expect(toggle).to_have_attribute("aria-expanded", "true")
     page.wait_for_function("() => document.getElementById('sidebar').getBoundingClientRect().x === 0")  # slid in
     box = drawer.bounding_box()
-    assert box and box["width"] < 375
+    assert box
+    assert box["width"] < 375
 
     page.keyboard.press("Escape")
     expect(drawer).to_be_hidden()
@@ -286,5 +287,7 @@ def test_the_admin_sees_tokens_per_day_per_plan_on_the_usage_page(open_page, syn
     expect(chart.get_by_role("img")).to_be_visible()
     expect(chart.locator("rect[data-label*='default:']")).to_have_count(1)
     box = chart.locator("rect[data-label*='default:']").bounding_box()
-    assert box and box["height"] > 1 and box["width"] > 1
+    assert box
+    assert box["height"] > 1
+    assert box["width"] > 1
     expect(chart.locator(".usage-chart-legend")).to_contain_text("default")

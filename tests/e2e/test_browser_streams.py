@@ -12,7 +12,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.support.browser import FULL_ANSWER, start_answer, text_of, wait_for_words
-from tests.tcp_proxy import FlakyProxy
+from tests.support.tcp_proxy import FlakyProxy
 
 RATE = 50
 SYNTHETIC_ENV = {"CHAT_ENABLE_SYNTHETIC": "1", "CHAT_MODEL": "synthetic", "CHAT_SYNTHETIC_TOKENS_PER_S": str(RATE)}
@@ -97,7 +97,8 @@ def test_stop_keeps_exactly_the_streamed_text_after_a_reload(page):
 
     expect(answer).to_have_attribute("data-status", "stopped", timeout=10_000)
     stopped_text = text_of(answer)
-    assert FULL_ANSWER.startswith(stopped_text) and len(stopped_text.split()) >= 20
+    assert FULL_ANSWER.startswith(stopped_text)
+    assert len(stopped_text.split()) >= 20
     assert len(stopped_text) < len(FULL_ANSWER)
     page.reload()
     reloaded = page.locator("article[data-role=assistant]").last
@@ -120,5 +121,6 @@ def test_server_killed_mid_answer_leaves_it_interrupted_with_its_text_after_rest
         answer = page.locator("article[data-role=assistant]").last
         expect(answer).to_have_attribute("data-status", "interrupted", timeout=20_000)
         saved = text_of(answer)
-        assert FULL_ANSWER.startswith(saved) and len(saved.split()) >= RATE
+        assert FULL_ANSWER.startswith(saved)
+        assert len(saved.split()) >= RATE
         context.close()

@@ -180,7 +180,9 @@ def test_on_a_phone_the_message_box_and_send_fit_without_sideways_scrolling(brow
         assert page.evaluate("document.documentElement.scrollWidth") <= 375
         for element in (page.get_by_label("Message"), page.get_by_role("button", name="Send")):
             box = element.bounding_box()
-            assert box and box["x"] >= 0 and box["x"] + box["width"] <= 375
+            assert box
+            assert box["x"] >= 0
+            assert box["x"] + box["width"] <= 375
 
     fits()
     ask_and_stop(page, "A prompt with a veryveryveryveryveryveryveryveryverylongwordthatmustwrap inside")

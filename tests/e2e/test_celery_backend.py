@@ -22,7 +22,7 @@ import yaml
 from openai import OpenAI
 
 from generation.backends.jobs import TITLE_TASK
-from tests.livesite import (
+from tests.support.livesite import (
     ROOT,
     ChatClient,
     LiveSite,
@@ -99,7 +99,8 @@ def test_stream_through_a_is_resumed_and_cancelled_through_b(deployment):
 
     stop(alice_b, sent.html)  # cancelled through B: the worker's engine sees the flag
     whole = list(alice_a.stream(sent.stream_url))
-    assert whole[-1].event == "done" and 'data-status="stopped"' in whole[-1].data
+    assert whole[-1].event == "done"
+    assert 'data-status="stopped"' in whole[-1].data
     # Resumed on B where it left off: nothing skipped or repeated. (Tokens stored by the
     # time a reader reads come as one event under the last one's id: ids may jump.)
     assert text_of(whole).startswith(text_of(first) + text_of(resumed))
@@ -121,7 +122,8 @@ def test_queue_bound_and_places_hold_across_web_processes(deployment):
     assert places == [{"state": "queued", "ahead": 0}, {"state": "queued", "ahead": 1}]
 
     refused = users[4].htmx_post("/chat/", {"prompt": "five"})  # the whole deployment is full
-    assert refused.status_code == 503 and "busy" in refused.text
+    assert refused.status_code == 503
+    assert "busy" in refused.text
 
     stop(users[0], running[0].html)  # a row frees: "three" runs, "four" moves up
     after_three = first_events(users[2], waiting[0].stream_url, 2, headers={"Last-Event-ID": "1"})
@@ -140,7 +142,8 @@ def test_concurrent_stream_limit_is_per_user_across_web_processes(deployment):
     one = alice_a.send("first")
     two = alice_b.send("second", conversation_url="/chat/")  # the default plan allows two at once
     third = alice_b.htmx_post("/chat/", {"prompt": "third"})
-    assert third.status_code == 429 and "At most 2 answers can stream at once" in third.text
+    assert third.status_code == 429
+    assert "At most 2 answers can stream at once" in third.text
     for sent in (one, two):
         stop(alice_a, sent.html)
         assert list(alice_a.stream(sent.stream_url))[-1].event == "done"
@@ -171,7 +174,8 @@ def test_worker_killed_mid_answer_is_reaped_and_a_restarted_worker_serves(deploy
     worker.start()
     bob = user_on(b)
     answer = list(bob.stream(bob.send("After the restart").stream_url))
-    assert answer[-1].event == "done" and 'data-status="complete"' in answer[-1].data
+    assert answer[-1].event == "done"
+    assert 'data-status="complete"' in answer[-1].data
     assert len([e for e in answer if e.event == "token"]) >= 20
     # The killed generation is not run again by the new worker: one task, the new one.
     assert worker.log()[log_before_restart:].count("Generating ") == 1
@@ -261,7 +265,8 @@ def test_two_web_processes_behind_one_port_stream_token_by_token(deployment, one
     events = list(erin.stream(sent.stream_url))
 
     tokens = [e for e in events if e.event == "token"]
-    assert events[-1].event == "done" and len(tokens) >= 20
+    assert events[-1].event == "done"
+    assert len(tokens) >= 20
     assert tokens[-1].at - tokens[0].at > 1  # streamed as generated: the proxy does not buffer
     for _ in range(4):
         erin.http.get("/chat/")

@@ -2,7 +2,7 @@
 
 Twisted listens with a backlog of 50 unless told otherwise; a burst of 256 clients then
 overflowed the kernel's accept queue and clients saw their connections dropped
-(`httpx.ReadError`). daphne is started with a deep backlog everywhere (tests.livesite).
+(`httpx.ReadError`). daphne is started with a deep backlog everywhere (tests.support.livesite).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from inference.generators import SYNTHETIC_TEXT
-from tests.livesite import run_async, unlimited_api_key
+from tests.support.livesite import run_async, unlimited_api_key
 
 pytestmark = pytest.mark.slow  # a burst of 256 streams
 

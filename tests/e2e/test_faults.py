@@ -20,7 +20,7 @@ import httpx
 import psycopg
 import pytest
 
-from tests.livesite import (
+from tests.support.livesite import (
     ROOT,
     ChatClient,
     LiveSite,
@@ -125,7 +125,8 @@ def test_no_worker_is_a_503_and_a_killed_worker_ends_its_stream_with_interrupted
 
                 worker.start()
                 answer = ask(site, key)
-                assert answer.status_code == 200 and answer.json()["choices"][0]["finish_reason"] == "length"
+                assert answer.status_code == 200
+                assert answer.json()["choices"][0]["finish_reason"] == "length"
 
 
 # 2. Redis stopped and restarted mid-stream
@@ -222,7 +223,8 @@ def test_redis_stopped_mid_answer_ends_the_browsers_stream_and_the_saved_answer_
             redis = start_redis(port)
             time.sleep(1)  # EventSource reconnects a second later (retry: 1000)
             rest = list(alice.stream(sent.stream_url, headers={"Last-Event-ID": seen[-1].id}))
-            assert rest[-1].event == "done" and 'data-status="stopped"' in rest[-1].data  # as its producer saved it
+            assert rest[-1].event == "done"
+            assert 'data-status="stopped"' in rest[-1].data  # as its producer saved it
             assert "".join(ChatClient.delta(e) for e in seen).split()[0] in rest[-1].data  # its text kept
     finally:
         stop_process(redis)
@@ -250,7 +252,8 @@ def test_postgres_connections_killed_mid_stream_the_answer_is_still_saved(backen
                         " WHERE datname = %s AND pid <> pg_backend_pid()",
                         [name],
                     ).fetchone()[0]
-        assert payloads[-1] == "[DONE]" and payloads[-2]["choices"][0]["finish_reason"] == "length"
+        assert payloads[-1] == "[DONE]"
+        assert payloads[-2]["choices"][0]["finish_reason"] == "length"
         assert killed > 0  # the site's connections were killed while it streamed
 
         assert ask(site, key).status_code == 200  # later requests reconnect

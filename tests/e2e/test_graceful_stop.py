@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from tests.livesite import ROOT, LiveSite, unlimited_api_key
+from tests.support.livesite import ROOT, LiveSite, unlimited_api_key
 
 SLOW_SYNTHETIC = {"CHAT_ENABLE_SYNTHETIC": "1", "CHAT_MODEL": "synthetic", "CHAT_SYNTHETIC_TOKENS_PER_S": "20"}
 LEDGER = """
@@ -66,7 +66,8 @@ def test_sigterm_lets_the_answers_under_way_finish_interrupts_the_rest_and_exits
         deadline = time.monotonic() + 30
         while not (short.text() and long.text()) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert short.text() and long.text()
+        assert short.text()
+        assert long.text()
 
         assert site.process is not None
         site.process.send_signal(signal.SIGTERM)
@@ -97,12 +98,13 @@ def test_sigterm_lets_the_answers_under_way_finish_interrupts_the_rest_and_exits
         log = site.log_path.read_text()
 
     # New generations are refused while it drains, and load balancers are told.
-    assert (
-        late.status_code == 503 and late.json()["error"]["code"] == "server_overloaded" and late.headers["Retry-After"]
-    )
+    assert late.status_code == 503
+    assert late.json()["error"]["code"] == "server_overloaded"
+    assert late.headers["Retry-After"]
     assert ready.status_code == 503
     # The short answer finished whole while its reader stayed connected.
-    assert len(short.text().split()) == 30 and short.lines[-1] == "[DONE]"
+    assert len(short.text().split()) == 30
+    assert short.lines[-1] == "[DONE]"
     assert [c["choices"][0]["finish_reason"] for c in short.chunks() if c.get("choices")][-1] == "length"
     # The long one was interrupted after the grace period, its text kept in the ledger.
     # It waits out GRACEFUL_TIMEOUT (3 s), then exits: about 3.5 s on a quiet machine.
@@ -112,12 +114,13 @@ def test_sigterm_lets_the_answers_under_way_finish_interrupts_the_rest_and_exits
     assert statuses == ["complete", "interrupted"]
     (interrupted_tokens,) = [tokens for status, tokens in ledger.values() if status == "interrupted"]
     assert interrupted_tokens > 0
-    assert "terminate called" not in log and "Traceback" not in log
+    assert "terminate called" not in log
+    assert "Traceback" not in log
 
 
 @pytest.mark.skipif(not os.environ.get("REDIS_URL"), reason="needs REDIS_URL (a real Redis)")
 def test_a_celery_generation_worker_drains_on_sigterm_and_exits_0():
-    from tests.livesite import LiveWorker, scratch_database, scratch_redis_prefix
+    from tests.support.livesite import LiveWorker, scratch_database, scratch_redis_prefix
 
     with scratch_database() as database_url, scratch_redis_prefix(os.environ["REDIS_URL"], "chatsite-drain") as prefix:
         env = {
@@ -135,7 +138,8 @@ def test_a_celery_generation_worker_drains_on_sigterm_and_exits_0():
             deadline = time.monotonic() + 60
             while not (short.text() and long.text()) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            assert short.text() and long.text()
+            assert short.text()
+            assert long.text()
 
             assert worker.process is not None
             worker.process.send_signal(signal.SIGTERM)
@@ -145,7 +149,11 @@ def test_a_celery_generation_worker_drains_on_sigterm_and_exits_0():
             short.join(10)
             long.join(10)
 
-    assert exit_code == 0 and took_s < 20
-    assert len(short.text().split()) == 30 and short.lines[-1] == "[DONE]"
+    assert exit_code == 0
+    assert took_s < 20
+    assert len(short.text().split()) == 30
+    assert short.lines[-1] == "[DONE]"
     errors = [c["error"] for c in long.chunks() if "error" in c]
-    assert long.text() and errors and errors[0]["message"] == "interrupted"
+    assert long.text()
+    assert errors
+    assert errors[0]["message"] == "interrupted"

@@ -7,7 +7,7 @@ import re
 import httpx
 import pytest
 
-from tests.livesite import ChatClient
+from tests.support.livesite import ChatClient
 
 
 @pytest.fixture
@@ -19,18 +19,21 @@ def test_answer_streams_token_by_token_and_is_saved(site):
     alice = ChatClient(site.base_url)
     alice.signup("alice")
     chat_page = alice.http.get("/chat/").text
-    assert 'for="id_prompt">Message</label>' in chat_page and ">Send</button>" in chat_page
+    assert 'for="id_prompt">Message</label>' in chat_page
+    assert ">Send</button>" in chat_page
 
     sent = alice.send("Write one sentence about the sea.")
     assert re.fullmatch(r"/chat/[0-9a-f-]{36}/", sent.conversation_url)
     events = list(alice.stream(sent.stream_url))
 
     tokens, done = events[:-1], events[-1]
-    assert len(tokens) >= 5 and {e.event for e in tokens} == {"token"}
+    assert len(tokens) >= 5
+    assert {e.event for e in tokens} == {"token"}
     # Token by token: the events arrived spread over time, not in one burst at the end.
     assert tokens[-1].at - tokens[0].at > 0.1
     assert [int(e.id) for e in tokens] == sorted(int(e.id) for e in tokens)
-    assert done.event == "done" and 'data-status="complete"' in done.data
+    assert done.event == "done"
+    assert 'data-status="complete"' in done.data
     text = "".join(ChatClient.delta(e) for e in tokens)
     page = alice.http.get(sent.conversation_url).text
     assert 'data-role="assistant" data-status="complete"' in page

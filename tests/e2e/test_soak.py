@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from inference.generators import SYNTHETIC_TEXT
-from tests.livesite import log_errors, run_async, unlimited_api_key
+from tests.support.livesite import log_errors, run_async, unlimited_api_key
 from tests.support.raw_http import Counters, http_request, memory, parse_block, read_events
 
 pytestmark = pytest.mark.slow  # a minute of load by design

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tests.livesite import ROOT
+from tests.support.livesite import ROOT
 
 
 def run_check(*options: str, **env: str) -> subprocess.CompletedProcess:
@@ -66,11 +66,22 @@ def test_bad_value_stops_start_up_naming_the_variable(variable, value):
     assert variable in result.stderr
 
 
+def test_a_bad_model_setting_stops_a_celery_worker_naming_the_variable():
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("DJANGO_") and k != "REDIS_URL"}
+    worker = [sys.executable, "-m", "celery", "-A", "chatsite", "worker", "-Q", "generation", "-P", "threads"]
+    result = subprocess.run(
+        worker, cwd=ROOT, env=inherited | {"CHAT_MODEL": "no-such-model"}, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode != 0
+    assert "CHAT_MODEL" in result.stderr
+
+
 @pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is not None, reason="bitsandbytes is installed")
 def test_quantization_without_bitsandbytes_stops_start_up_saying_what_is_missing():
     result = run_check(CHAT_QUANTIZATION="bnb-4bit")
     assert result.returncode != 0
-    assert "CHAT_QUANTIZATION" in result.stderr and "bitsandbytes" in result.stderr
+    assert "CHAT_QUANTIZATION" in result.stderr
+    assert "bitsandbytes" in result.stderr
 
 
 def test_good_configuration_passes_the_check():

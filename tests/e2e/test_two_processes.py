@@ -8,7 +8,7 @@ import re
 import httpx
 import pytest
 
-from tests.livesite import ChatClient, LiveSite, scratch_redis_prefix
+from tests.support.livesite import ChatClient, LiveSite, scratch_redis_prefix
 
 pytestmark = pytest.mark.skipif(not os.environ.get("REDIS_URL"), reason="needs REDIS_URL (a real Redis)")
 
@@ -51,7 +51,8 @@ def test_stream_started_on_a_is_watched_resumed_and_stopped_on_b(two_sites):
 
     whole = list(alice_a.stream(sent.stream_url))  # the producer, on A, stopped
     done = whole[-1]
-    assert done.event == "done" and 'data-status="stopped"' in done.data
+    assert done.event == "done"
+    assert 'data-status="stopped"' in done.data
     tokens = [e for e in whole if e.event == "token"]
     words = "".join(ChatClient.delta(e) for e in tokens).split()
     assert 5 <= len(words) < 512
@@ -85,7 +86,8 @@ def test_a_key_revoked_on_a_is_refused_by_b_on_the_very_next_request(two_sites):
     assert made.status_code == 201
     plain = re.search(r'data-role="new-api-key">([^<]+)<', made.text)
     revoke_url = re.search(r'action="(/accounts/keys/\d+/revoke/)"', made.text)
-    assert plain and revoke_url
+    assert plain
+    assert revoke_url
 
     def models_status(site: LiveSite) -> int:
         headers = {"Authorization": f"Bearer {plain.group(1)}"}

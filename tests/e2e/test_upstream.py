@@ -26,9 +26,9 @@ import pytest
 from inference.engine import Job
 from inference.streams import InMemoryStreamStore
 from inference.upstream import UpstreamPool, endpoint_from_json, estimate_prompt_tokens
-from tests.livesite import LiveSite, unlimited_api_key
+from tests.support.livesite import LiveSite, unlimited_api_key
 from tests.support.sites import LiveSites
-from tests.upstreams import LlamaCppServer, SilentServer, TransformersServe
+from tests.support.upstreams import LlamaCppServer, SilentServer, TransformersServe
 
 SYNTHETIC = {"CHAT_ENABLE_SYNTHETIC": "1", "CHAT_MODEL": "synthetic"}
 CHAT = [{"role": "user", "content": "Tell me about streams."}]
@@ -105,9 +105,11 @@ def test_an_upstream_model_streams_and_answers_whole_through_the_openai_client(u
         chunks = list(stream)
         whole = client.chat.completions.create(model="remote", messages=CHAT, max_tokens=12)
 
-    assert len(text_of(chunks).split()) == 12 and chunks[-1].usage.completion_tokens == 12
+    assert len(text_of(chunks).split()) == 12
+    assert chunks[-1].usage.completion_tokens == 12
     assert whole.choices[0].message.content == text_of(chunks)
-    assert whole.usage.completion_tokens == 12 and whole.usage.prompt_tokens == 4  # the upstream's own count
+    assert whole.usage.completion_tokens == 12
+    assert whole.usage.prompt_tokens == 4  # the upstream's own count
 
 
 def test_an_upstream_stream_resumes_after_a_dropped_connection(upstream, live_sites):
@@ -134,7 +136,8 @@ def test_an_upstream_stream_resumes_after_a_dropped_connection(upstream, live_si
     text = "".join(seen) + "".join(
         chunk["choices"][0]["delta"].get("content") or "" for chunk in rest if chunk["choices"]
     )
-    assert len(text.split()) == 40 and resumed.rstrip().endswith("data: [DONE]")
+    assert len(text.split()) == 40
+    assert resumed.rstrip().endswith("data: [DONE]")
 
 
 def test_stop_closes_the_upstream_request_so_the_server_stops_generating(upstream, live_sites):
@@ -212,9 +215,11 @@ def test_sigterm_lets_model_server_answers_finish_then_closes_the_rest_as_interr
         while upstream.active_generations() and time.monotonic() < deadline:
             time.sleep(0.05)
     assert exit_code == 0
-    assert short_rest[-1] == "data: [DONE]" and '"finish_reason":"length"' in "".join(short_rest)
+    assert short_rest[-1] == "data: [DONE]"
+    assert '"finish_reason":"length"' in "".join(short_rest)
     errors = [json.loads(line[6:])["error"] for line in long_rest if line.startswith('data: {"error"')]
-    assert errors and errors[0]["message"] == "interrupted"
+    assert errors
+    assert errors[0]["message"] == "interrupted"
     assert upstream.active_generations() == 0  # the model server stopped generating too
 
 
@@ -262,7 +267,8 @@ def test_with_one_endpoint_killed_under_load_new_requests_go_to_the_other_and_no
                 served = [future.result(timeout=60) for future in later]
 
     cut = [(text, error) for text, error in finished if error]
-    assert cut and all(text for text, _ in cut)  # streams on the killed server end with an error, text kept
+    assert cut
+    assert all(text for text, _ in cut)  # streams on the killed server end with an error, text kept
     assert all(len(text.split()) == 150 for text, error in finished if not error)
     assert all(error is None and len(text.split()) == 10 for text, error in served)
 
@@ -331,7 +337,8 @@ def test_transformers_serve_as_an_upstream_streams_answers_whole_and_stops(trans
         )
         stopped = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
 
-    assert text_of(chunks) and whole.choices[0].message.content == text_of(chunks)
+    assert text_of(chunks)
+    assert whole.choices[0].message.content == text_of(chunks)
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens <= 16
     assert any(chunk["choices"] and chunk["choices"][0]["finish_reason"] == "stop" for chunk in stopped)
     assert sum(1 for chunk in stopped if chunk["choices"] and chunk["choices"][0]["delta"].get("content")) < 400
@@ -406,14 +413,18 @@ def test_tool_calls_stream_from_a_model_server_whole_and_on_resume(llama_cpp, li
     deltas = [call for chunk in chunks if chunk.choices for call in chunk.choices[0].delta.tool_calls or []]
     assert len(deltas) > 2  # the call arrives in pieces, as the server generates it
     streamed_arguments = "".join(delta.function.arguments or "" for delta in deltas)
-    assert deltas[0].function.name == "get_weather" and json.loads(streamed_arguments) == {"city": "Paris"}
+    assert deltas[0].function.name == "get_weather"
+    assert json.loads(streamed_arguments) == {"city": "Paris"}
     # The server names the call in every delta; chatsite, as OpenAI, in the first only.
-    assert deltas[0].id and not any(delta.function.name or delta.id for delta in deltas[1:])
+    assert deltas[0].id
+    assert not any(delta.function.name or delta.id for delta in deltas[1:])
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
     call = whole.choices[0].message.tool_calls[0]
-    assert whole.choices[0].finish_reason == "tool_calls" and whole.choices[0].message.content is None
-    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+    assert whole.choices[0].finish_reason == "tool_calls"
+    assert whole.choices[0].message.content is None
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
     assert 0 < whole.usage.completion_tokens < 40  # a tool call is counted too
 
     replayed = [json.loads(line[6:]) for line in replay.splitlines() if line.startswith("data: {")]
@@ -421,9 +432,11 @@ def test_tool_calls_stream_from_a_model_server_whole_and_on_resume(llama_cpp, li
         c for chunk in replayed if chunk["choices"] for c in chunk["choices"][0]["delta"].get("tool_calls", [])
     ]
     assert "".join(c["function"]["arguments"] for c in replayed_calls) == streamed_arguments
-    assert answered.choices[0].message.content and answered.usage.completion_tokens == 12
+    assert answered.choices[0].message.content
+    assert answered.usage.completion_tokens == 12
     capped_calls = [call for chunk in capped if chunk.choices for call in chunk.choices[0].delta.tool_calls or []]
-    assert len(capped_calls) == 3 and [c.choices[0].finish_reason for c in capped if c.choices][-1] == "length"
+    assert len(capped_calls) == 3
+    assert [c.choices[0].finish_reason for c in capped if c.choices][-1] == "length"
 
 
 def test_json_modes_and_logprobs_pass_through_to_a_model_server(llama_cpp, live_sites):
@@ -462,12 +475,15 @@ def test_json_modes_and_logprobs_pass_through_to_a_model_server(llama_cpp, live_
         if chunk.choices and chunk.choices[0].logprobs
         for entry in chunk.choices[0].logprobs.content
     ]
-    assert len(logprobs) == 5 and all(entry.logprob <= 0 and len(entry.top_logprobs) == 2 for entry in logprobs)
+    assert len(logprobs) == 5
+    assert all(entry.logprob <= 0 and len(entry.top_logprobs) == 2 for entry in logprobs)
     assert "".join(entry.token for entry in logprobs) == text_of(chunks)
-    assert record["usage_estimated"] and record["status"] == "complete"
+    assert record["usage_estimated"]
+    assert record["status"] == "complete"
     assert 0 < record["completion_tokens"] <= 5  # never more than the server was let write
     # The in-process models still refuse what only model servers do, naming the field.
-    assert refused.status_code == 400 and refused.json()["error"]["param"] == "tools"
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "tools"
 
 
 def test_requests_a_model_server_cannot_take_fail_alone_and_open_no_circuit(llama_cpp, live_sites):
@@ -489,7 +505,8 @@ def test_requests_a_model_server_cannot_take_fail_alone_and_open_no_circuit(llam
     assert [response.status_code for response in refused] == [502] * 5, refused[-1].text
     assert refused[-1].json()["error"]["code"] == "upstream_error"
     assert failed[-1]["error"]["message"] == "The model server ended the answer without sending any of it."
-    assert served.choices[0].message.content and served.usage.completion_tokens == 4
+    assert served.choices[0].message.content
+    assert served.usage.completion_tokens == 4
 
 
 LONG_ANSWER = [{"role": "user", "content": "Count from 1 to 1000, one number per line."}]

@@ -48,14 +48,17 @@ async def test_owner_reads_tokens_then_the_saved_answer(alice_client, answer):
     assert response["status"] == 200
     headers = dict(response["headers"])
     assert headers[b"Content-Type"].startswith(b"text/event-stream")
-    assert headers[b"Cache-Control"] == b"no-cache" and headers[b"X-Accel-Buffering"] == b"no"
+    assert headers[b"Cache-Control"] == b"no-cache"
+    assert headers[b"X-Accel-Buffering"] == b"no"
     events = parse_sse(response["body"])
     tokens, done = events[:-1], events[-1]
     text = "".join(json.loads(e["data"])["delta"] for e in tokens)
     saved = await Message.objects.aget(pk=answer.pk)
-    assert text == saved.content and len(text.split()) == 12
+    assert text == saved.content
+    assert len(text.split()) == 12
     assert done["event"] == "done"
-    assert 'data-status="complete"' in done["data"] and saved.content in done["data"]
+    assert 'data-status="complete"' in done["data"]
+    assert saved.content in done["data"]
     assert int(done["id"]) == 13
 
 
@@ -77,7 +80,8 @@ async def test_after_query_parameter_resumes_too(alice_client, answer):
 
 async def test_resuming_after_the_final_event_ends_the_response_empty(alice_client, answer):
     response = await get_stream(answer.get_stream_url() + "?after=13", session_headers(alice_client))
-    assert response["status"] == 200 and parse_sse(response["body"]) == []
+    assert response["status"] == 200
+    assert parse_sse(response["body"]) == []
 
 
 @pytest.mark.parametrize("bad", [b"abc", b"-1", b"1.5"])
@@ -110,9 +114,11 @@ async def test_answer_whose_stream_is_gone_is_settled_as_interrupted(alice, alic
     events = parse_sse((await get_stream(orphan.get_stream_url(), session_headers(alice_client)))["body"])
 
     assert [e["event"] for e in events] == ["done"]
-    assert 'data-status="interrupted"' in events[0]["data"] and "Half an ans" in events[0]["data"]
+    assert 'data-status="interrupted"' in events[0]["data"]
+    assert "Half an ans" in events[0]["data"]
     await orphan.arefresh_from_db()
-    assert orphan.status == "interrupted" and orphan.content == "Half an ans"
+    assert orphan.status == "interrupted"
+    assert orphan.content == "Half an ans"
 
 
 async def test_waiting_answer_hears_its_place_in_the_queue_live_then_streams(alice_client, queue, stream_store):
@@ -146,10 +152,12 @@ async def test_waiting_answer_hears_its_place_in_the_queue_live_then_streams(ali
         {"state": "queued", "ahead": 0},
         {"state": "running"},
     ]
-    assert [int(e["id"]) for e in events[:3]] == [1, 2, 3] and int(events[-1]["id"]) == 8
+    assert [int(e["id"]) for e in events[:3]] == [1, 2, 3]
+    assert int(events[-1]["id"]) == 8
     saved = await Message.objects.aget(pk=third.pk)
     assert "".join(json.loads(e["data"])["delta"] for e in events[3:-1]) == saved.content
-    assert saved.status == "complete" and saved.completion_tokens == 4
+    assert saved.status == "complete"
+    assert saved.completion_tokens == 4
 
 
 async def test_late_and_resumed_readers_get_the_status_events_in_order(alice_client, queue, stream_store):

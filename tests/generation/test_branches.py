@@ -40,12 +40,15 @@ def test_regenerate_keeps_the_old_answer_as_a_version_and_choose_switches_back(a
 
     assert response.status_code == 200
     page = response.content.decode()
-    assert "THE FIRST ANSWER" in page and f'id="message-{second.pk}"' not in page
-    assert positions(page) == ["1/2"] and 'aria-label="Previous version" disabled' in page
+    assert "THE FIRST ANSWER" in page
+    assert f'id="message-{second.pk}"' not in page
+    assert positions(page) == ["1/2"]
+    assert 'aria-label="Previous version" disabled' in page
     assert '<p id="quota" class="quota-meter" hx-swap-oob="true">' in page
     assert contents(conversation) == ["Tell me a joke", "THE FIRST ANSWER"]
     reloaded = alice_client.get(conversation.get_absolute_url()).content.decode()  # the choice is kept
-    assert "THE FIRST ANSWER" in reloaded and positions(reloaded) == ["1/2"]
+    assert "THE FIRST ANSWER" in reloaded
+    assert positions(reloaded) == ["1/2"]
 
 
 def test_the_next_prompt_continues_the_chosen_branch_and_the_model_sees_only_it(alice, alice_client, seen):
@@ -76,7 +79,8 @@ def test_editing_an_earlier_prompt_starts_a_branch_and_keeps_what_followed_the_o
     edited_answer = settle(newest_answer(conversation))
     assert seen[-1][0] == [{"role": "user", "content": "Uno"}]  # nothing of the old branch
     page = response.content.decode()
-    assert positions(page) == ["2/2"] and "Two" not in page
+    assert positions(page) == ["2/2"]
+    assert "Two" not in page
     assert contents(conversation) == ["Uno", edited_answer.content]
     assert conversation.messages.count() == 6  # the old branch is all there
 
@@ -112,13 +116,15 @@ def test_a_regenerate_refused_by_a_full_queue_leaves_the_branch_as_it_was(alice,
     with pytest.raises(services.EngineOverloaded):
         services.message_regenerate(answer=second)
 
-    assert contents(conversation) == before and conversation.messages.count() == 4
+    assert contents(conversation) == before
+    assert conversation.messages.count() == 4
 
 
 def test_choose_without_javascript_redirects_to_the_conversation(alice, alice_client, fast_engine):
     conversation, [first] = answered(alice, "Hello")
     response = alice_client.post(reverse("generation:message_choose", args=[first.pk]))
-    assert response.status_code == 302 and response["Location"] == conversation.get_absolute_url()
+    assert response.status_code == 302
+    assert response["Location"] == conversation.get_absolute_url()
 
 
 def test_choose_of_an_unknown_message_is_404(alice_client):
@@ -131,7 +137,8 @@ def test_an_answer_without_a_prompt_cannot_be_regenerated_and_says_so(alice, ali
 
     response = alice_client.post(reverse("generation:message_regenerate", args=[orphan.pk]), **HTMX)
 
-    assert response.status_code == 422 and "Only an answer to a prompt" in response.content.decode()
+    assert response.status_code == 422
+    assert "Only an answer to a prompt" in response.content.decode()
     assert conversation.messages.count() == 1
 
 

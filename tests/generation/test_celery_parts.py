@@ -117,7 +117,8 @@ def test_dispatcher_refuses_past_the_bound_and_queues_nothing(dispatcher, stream
         dispatcher.submit(task_for(f"s{n}"))  # no worker has loaded it yet: two may wait
     with pytest.raises(EngineOverloaded):
         dispatcher.submit(task_for("s2"))
-    assert len(dispatcher.queued_tasks) == 2 and not stream_store.exists("s2")
+    assert len(dispatcher.queued_tasks) == 2
+    assert not stream_store.exists("s2")
 
 
 def test_dispatcher_refuses_when_no_generation_worker_is_alive(admission, stream_store):
@@ -126,7 +127,8 @@ def test_dispatcher_refuses_when_no_generation_worker_is_alive(admission, stream
     with pytest.raises(EngineOverloaded, match="no generation worker is alive"):
         dispatcher.submit(task_for("s1"))
 
-    assert admission.state("synthetic") == (0, 0) and not stream_store.exists("s1")  # no place held
+    assert admission.state("synthetic") == (0, 0)
+    assert not stream_store.exists("s1")  # no place held
 
 
 def test_generation_start_under_celery_records_the_queue_as_producer(
@@ -149,7 +151,8 @@ def test_generation_start_under_celery_records_the_queue_as_producer(
         assert dispatcher.queued_tasks == []  # not before the transaction commits
 
     record = UsageRecord.objects.get(stream_id=started.stream_id)
-    assert record.producer == QUEUE_PRODUCER and record.status == UsageRecord.Status.STREAMING
+    assert record.producer == QUEUE_PRODUCER
+    assert record.status == UsageRecord.Status.STREAMING
     assert dispatcher.queued_tasks[0].stream_id == started.stream_id
     assert dispatcher.queued_tasks[0].params.max_tokens == 5
 
@@ -209,7 +212,9 @@ def test_the_worker_runs_a_claimed_task_to_the_end_and_frees_its_place(alice, fa
 
     worker._ledger.submit(lambda: None).result()  # the ledger's record of the claim, written meanwhile
     answer.refresh_from_db()
-    assert answer.status == "complete" and answer.producer == runtime.PRODUCER and answer.content
+    assert answer.status == "complete"
+    assert answer.producer == runtime.PRODUCER
+    assert answer.content
     assert UsageRecord.objects.get(stream_id="q1").completion_tokens == answer.completion_tokens
     assert wait_for_terminal(fast_engine.store, "q1")[-1].type == "done"
     assert worker_admission == [(django_settings.CHAT_MODEL, "q1")]
@@ -223,7 +228,8 @@ def test_the_worker_skips_a_task_delivered_again(alice, fast_engine, worker_admi
     assert worker.generate(task_for("q1", message_id=answer.pk)) == "skipped"
     assert fast_engine.store.events("q1") == []  # nothing generated
     answer.refresh_from_db()
-    assert answer.status == "streaming" and answer.producer == QUEUE_PRODUCER  # the reaper's, via the claim
+    assert answer.status == "streaming"
+    assert answer.producer == QUEUE_PRODUCER  # the reaper's, via the claim
 
 
 def test_the_worker_skips_a_task_whose_stream_was_settled_while_it_waited(alice, fast_engine, worker_admission):
@@ -241,7 +247,8 @@ def test_a_task_whose_stream_expired_while_it_waited_is_settled_not_run(alice, f
     assert worker.generate(task_for("q1", message_id=answer.pk)) == "skipped"
 
     answer.refresh_from_db()
-    assert answer.status == "interrupted" and not fast_engine.store.exists("q1")
+    assert answer.status == "interrupted"
+    assert not fast_engine.store.exists("q1")
     assert UsageRecord.objects.get(stream_id="q1").status == "interrupted"  # no longer holds a stream of the user's
 
 
@@ -360,7 +367,8 @@ def test_a_new_conversation_gets_the_models_title(alice, titling_engine):
 
     wait_until(lambda: Conversation.objects.get(pk=answer.conversation_id).title != "please explain tides", 5)
     title = Conversation.objects.get(pk=answer.conversation_id).title
-    assert 0 < len(title) <= services.TITLE_LENGTH and "\n" not in title
+    assert 0 < len(title) <= services.TITLE_LENGTH
+    assert "\n" not in title
 
 
 def test_a_renamed_conversation_keeps_its_name(alice, fast_engine):
@@ -477,7 +485,8 @@ def test_real_model_titles_a_conversation_or_leaves_the_first_prompts_words(alic
     wait_until(lambda: bool(attempts), 60)
     title = Conversation.objects.get(pk=answer.conversation_id).title
     assert title in (services.clean_title(attempts[0]) or "please explain tides", "please explain tides")
-    assert title.strip() and len(title) <= services.TITLE_LENGTH
+    assert title.strip()
+    assert len(title) <= services.TITLE_LENGTH
 
 
 def test_web_processes_of_the_celery_backend_load_only_the_tokenizer(smollm):

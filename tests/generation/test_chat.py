@@ -21,9 +21,11 @@ def test_sign_up_chat_stream_and_the_answer_is_saved(client, real_engine, monkey
     response = client.post(
         reverse("accounts:signup"), {"username": "carol", "password1": PASSWORD, "password2": PASSWORD}
     )
-    assert response.status_code == 302 and response["Location"] == reverse("generation:chat")
+    assert response.status_code == 302
+    assert response["Location"] == reverse("generation:chat")
     page = client.get(reverse("generation:chat"))
-    assert b"<textarea" in page.content and b">Send</button>" in page.content
+    assert b"<textarea" in page.content
+    assert b">Send</button>" in page.content
 
     response = client.post(reverse("generation:chat"), {"prompt": "What is the capital of France?"}, **HTMX)
 
@@ -37,8 +39,12 @@ def test_sign_up_chat_stream_and_the_answer_is_saved(client, real_engine, monkey
     streamed = "".join(e.data["delta"] for e in events if e.type == "token")
 
     answer.refresh_from_db()
-    assert answer.status == "complete" and answer.content == streamed and streamed.strip()
-    assert answer.completion_tokens and answer.prompt_tokens and answer.ttft_ms is not None
+    assert answer.status == "complete"
+    assert answer.content == streamed
+    assert streamed.strip()
+    assert answer.completion_tokens
+    assert answer.prompt_tokens
+    assert answer.ttft_ms is not None
     reloaded = client.get(conversation.get_absolute_url()).content.decode()
     assert "What is the capital of France?" in reloaded
     assert 'data-role="assistant" data-status="complete"' in reloaded
@@ -57,14 +63,16 @@ def test_follow_up_prompt_carries_the_conversation_history(alice, alice_client, 
     assert "HX-Push-Url" not in response
     wait_for_terminal(fast_engine.store, conversation.messages.last().stream_id)
     assert [m["role"] for m in seen[-1]] == ["user", "assistant", "user"]
-    assert seen[-1][0]["content"] == "First" and seen[-1][2]["content"] == "Second"
+    assert seen[-1][0]["content"] == "First"
+    assert seen[-1][2]["content"] == "Second"
     assert conversation.messages.count() == 4
 
 
 def test_plain_form_post_without_javascript_redirects_to_the_conversation(alice, alice_client, fast_engine):
     response = alice_client.post(reverse("generation:chat"), {"prompt": "Hi"})
     conversation = Conversation.objects.get(user=alice)
-    assert response.status_code == 302 and response["Location"] == conversation.get_absolute_url()
+    assert response.status_code == 302
+    assert response["Location"] == conversation.get_absolute_url()
 
 
 @pytest.mark.parametrize("prompt", ["", "   ", "x" * (MAX_PROMPT_CHARS + 1)])
@@ -83,9 +91,11 @@ def test_full_queue_is_a_503_that_keeps_the_prompt_in_the_box(alice, alice_clien
     monkeypatch.setattr(fast_engine, "submit", refuse)
     response = alice_client.post(reverse("generation:chat"), {"prompt": "Are you there?"}, **HTMX)
 
-    assert response.status_code == 503 and response["Retry-After"]
+    assert response.status_code == 503
+    assert response["Retry-After"]
     page = response.content.decode()
-    assert "busy" in page and ">\nAre you there?</textarea>" in page
+    assert "busy" in page
+    assert ">\nAre you there?</textarea>" in page
     assert not Message.objects.filter(conversation__user=alice).exists()
     assert not Conversation.objects.filter(user=alice).exists()
     assert not UsageRecord.objects.filter(user=alice).exists()
@@ -93,7 +103,8 @@ def test_full_queue_is_a_503_that_keeps_the_prompt_in_the_box(alice, alice_clien
 
 def test_chat_requires_login(client):
     response = client.get(reverse("generation:chat"))
-    assert response.status_code == 302 and response["Location"].startswith(reverse("accounts:login"))
+    assert response.status_code == 302
+    assert response["Location"].startswith(reverse("accounts:login"))
     assert client.post(reverse("generation:chat"), {"prompt": "hi"}).status_code == 302
 
 
@@ -114,7 +125,8 @@ def test_sidebar_lists_only_my_conversations_newest_first(alice, bob, alice_clie
     Conversation.objects.create(user=bob, model="m", title="Bob's")
     page = alice_client.get(older.get_absolute_url()).content.decode()
     sidebar = page[page.index('id="conversations"') :].split("</ul>")[0]
-    assert sidebar.index("Newer") < sidebar.index("Older") and "Bob" not in page
+    assert sidebar.index("Newer") < sidebar.index("Older")
+    assert "Bob" not in page
     assert f'href="{newer.get_absolute_url()}"' in page
 
 
@@ -122,7 +134,8 @@ def test_model_output_is_escaped_in_the_page(alice, alice_client):
     conversation = Conversation.objects.create(user=alice, model="m")
     conversation.messages.create(role="assistant", content="<script>alert(1)</script>")
     page = alice_client.get(conversation.get_absolute_url()).content.decode()
-    assert "<script>alert(1)" not in page and "&lt;script&gt;alert(1)" in page
+    assert "<script>alert(1)" not in page
+    assert "&lt;script&gt;alert(1)" in page
 
 
 def test_unsupported_method_is_405(alice_client):
@@ -136,8 +149,10 @@ def test_quota_refusal_is_shown_in_words_and_starts_nothing(alice, alice_client,
     Account.objects.filter(pk=account_for(alice).pk).update(tokens_per_day=0)
     response = alice_client.post(reverse("generation:chat"), {"prompt": "Hello?"}, **HTMX)
 
-    assert response.status_code == 429 and int(response["Retry-After"]) > 0
-    assert "used today" in response.content.decode() and "Try again in" in response.content.decode()
+    assert response.status_code == 429
+    assert int(response["Retry-After"]) > 0
+    assert "used today" in response.content.decode()
+    assert "Try again in" in response.content.decode()
     assert not Message.objects.filter(conversation__user=alice).exists()
 
 
@@ -146,4 +161,6 @@ def test_browser_generations_are_recorded_in_the_one_ledger(alice, alice_client,
     answer = Message.objects.get(role="assistant", conversation__user=alice)
     wait_for_terminal(fast_engine.store, answer.stream_id)
     record = UsageRecord.objects.get(stream_id=answer.stream_id)
-    assert record.channel == "ui" and record.user == alice and record.completion_tokens == 12
+    assert record.channel == "ui"
+    assert record.user == alice
+    assert record.completion_tokens == 12

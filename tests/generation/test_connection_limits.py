@@ -99,7 +99,8 @@ async def test_a_stream_holds_its_place_until_it_ends():
 
     streamed = [chunk async for chunk in connection_limits.held_open(counter.hold(1), chunks())]
 
-    assert streamed == [b"one", b"two"] and counter.open_for(1) == 0
+    assert streamed == [b"one", b"two"]
+    assert counter.open_for(1) == 0
 
 
 async def test_a_stream_its_reader_leaves_gives_its_place_back():
@@ -129,7 +130,8 @@ def test_a_burst_passes_at_once_then_messages_pass_at_the_rate():
     refilled = rate.check()
 
     assert burst == [Verdict.ACCEPT] * 3
-    assert over is Verdict.WARN and refilled is Verdict.ACCEPT
+    assert over is Verdict.WARN
+    assert refilled is Verdict.ACCEPT
 
 
 def test_a_flood_is_warned_once_dropped_then_closed():
@@ -175,7 +177,8 @@ async def test_a_stream_past_the_users_limit_is_a_429_saying_why(alice, alice_cl
     assert refused["status"] == 429
     assert dict(refused["headers"])[b"Retry-After"] == b"5"
     assert refused["body"] == b"Too many open event streams: at most 1 per user. Try again in 5 s.\n"
-    assert served["status"] == 200 and b"event: done" in served["body"]
+    assert served["status"] == 200
+    assert b"event: done" in served["body"]
     assert streams.open_for(alice.pk) == 0  # the served stream gave its place back
 
 
@@ -217,7 +220,8 @@ def test_an_api_stream_past_the_limit_is_a_429_and_starts_no_generation(
     refused = api(client, "POST", "/v1/chat/completions", alice_key, {**CHAT, "stream": True})
     whole = api(client, "POST", "/v1/chat/completions", alice_key, CHAT)  # not a stream: not counted
 
-    assert refused.status_code == 429 and refused["Retry-After"] == "5"
+    assert refused.status_code == 429
+    assert refused["Retry-After"] == "5"
     assert refused.json() == {
         "error": {
             "message": "Too many open event streams: at most 1 per user.",
@@ -243,8 +247,10 @@ def test_resuming_an_api_stream_past_the_limit_is_a_429(alice, alice_key, client
     resumed = api(client, "GET", f"/v1/streams/{completion['id']}?after=0", alice_key)
     body = b"".join(resumed)  # the test client reads the stream to its end
 
-    assert refused.status_code == 429 and refused.json()["error"]["code"] == "too_many_connections"
-    assert resumed.status_code == 200 and body.endswith(b"data: [DONE]\n\n")
+    assert refused.status_code == 429
+    assert refused.json()["error"]["code"] == "too_many_connections"
+    assert resumed.status_code == 200
+    assert body.endswith(b"data: [DONE]\n\n")
     assert streams.open_for(alice.pk) == 0
 
 
@@ -299,7 +305,8 @@ async def test_bobs_sockets_do_not_count_against_alice(alice, bob, alice_client,
     connected, _ = await communicator.connect()
     await communicator.send_json_to({"type": "cancel"})
 
-    assert connected and await communicator.receive_nothing(0.1)  # open, and no error
+    assert connected
+    assert await communicator.receive_nothing(0.1)  # open, and no error
     await communicator.disconnect()
     bobs.release()
 
@@ -319,7 +326,8 @@ async def test_a_flooding_socket_is_warned_once_then_closed_with_1008(alice_clie
 
     sent = [json.loads(reply["text"]) for reply in replies[:-1]]
     assert [reply["message"] for reply in sent[:3]] == ["Messages must be JSON objects."] * 3
-    assert sent[3]["type"] == "error" and sent[3]["code"] == "rate_limit_exceeded"
+    assert sent[3]["type"] == "error"
+    assert sent[3]["code"] == "rate_limit_exceeded"
     assert "at most 0.001 a second" in sent[3]["message"]
     assert replies[-1] == {"type": "websocket.close", "code": POLICY_VIOLATION}
     assert after_close  # the rest of the flood went unanswered

@@ -58,10 +58,12 @@ def test_rename_without_javascript_redirects_back_to_the_conversation(alice, ali
 
     response = alice_client.post(reverse("generation:conversation_rename", args=[conversation.id]), {"title": "New"})
 
-    assert response.status_code == 302 and response["Location"] == conversation.get_absolute_url()
+    assert response.status_code == 302
+    assert response["Location"] == conversation.get_absolute_url()
     page = alice_client.get(conversation.get_absolute_url()).content.decode()
     sidebar = page[page.index('id="conversations"') :].split("</ul>")[0]
-    assert ">New</a>" in sidebar and "Old name" not in page
+    assert ">New</a>" in sidebar
+    assert "Old name" not in page
 
 
 @pytest.mark.parametrize(
@@ -75,10 +77,12 @@ def test_rename_refuses_an_empty_or_too_long_title_next_to_the_field(alice, alic
     by_htmx = alice_client.post(url, {"title": title}, **HTMX)
     without_js = alice_client.post(url, {"title": title})
 
-    assert by_htmx.status_code == 422 and without_js.status_code == 400
+    assert by_htmx.status_code == 422
+    assert without_js.status_code == 400
     for response in (by_htmx, without_js):
         page = response.content.decode()
-        assert error in page and 'role="alert"' in page
+        assert error in page
+        assert 'role="alert"' in page
         assert '<details class="disclosure" open>' in page  # the rename form stays open
     conversation.refresh_from_db()
     assert conversation.title == "Kept"
@@ -101,17 +105,20 @@ def test_delete_by_htmx_removes_the_conversation_with_its_messages_and_redirects
 
     response = alice_client.post(reverse("generation:conversation_delete", args=[conversation.id]), **HTMX)
 
-    assert response.status_code == 200 and response["HX-Redirect"] == reverse("generation:chat")
+    assert response.status_code == 200
+    assert response["HX-Redirect"] == reverse("generation:chat")
     assert not Conversation.objects.filter(pk=conversation.pk).exists()
     assert not Message.objects.filter(conversation_id=conversation.pk).exists()
     page = alice_client.get(reverse("generation:chat")).content.decode()
-    assert "Forget me" not in page and "Your conversations will appear here." in page
+    assert "Forget me" not in page
+    assert "Your conversations will appear here." in page
 
 
 def test_delete_without_javascript_redirects_to_chat(alice, alice_client):
     conversation = Conversation.objects.create(user=alice, model="m", title="Gone")
     response = alice_client.post(reverse("generation:conversation_delete", args=[conversation.id]))
-    assert response.status_code == 302 and response["Location"] == reverse("generation:chat")
+    assert response.status_code == 302
+    assert response["Location"] == reverse("generation:chat")
     assert not Conversation.objects.filter(pk=conversation.pk).exists()
 
 
@@ -119,7 +126,8 @@ def test_delete_asks_for_confirmation_with_and_without_javascript(alice, alice_c
     conversation = Conversation.objects.create(user=alice, model="m", title="Careful")
     page = alice_client.get(conversation.get_absolute_url()).content.decode()
     disclosure = page[page.index("<summary>Delete…</summary>") :].split("</details>")[0]
-    assert "hx-confirm=" in disclosure and ">Delete conversation</button>" in disclosure
+    assert "hx-confirm=" in disclosure
+    assert ">Delete conversation</button>" in disclosure
     assert reverse("generation:conversation_delete", args=[conversation.id]) in disclosure
 
 
@@ -161,7 +169,8 @@ def test_settings_are_saved_and_the_next_answer_uses_them(alice, alice_client, s
     assert answer.completion_tokens == 5
     messages, params = seen[-1]
     assert messages[0] == {"role": "system", "content": "Answer like a pirate."}
-    assert params.temperature == 0.7 and params.max_tokens == 5
+    assert params.temperature == 0.7
+    assert params.max_tokens == 5
 
 
 def test_settings_without_javascript_redirect_back_to_the_conversation(alice, alice_client):
@@ -169,7 +178,8 @@ def test_settings_without_javascript_redirect_back_to_the_conversation(alice, al
     response = alice_client.post(
         reverse("generation:conversation_settings", args=[conversation.id]), settings_data(max_tokens=64)
     )
-    assert response.status_code == 302 and response["Location"] == conversation.get_absolute_url()
+    assert response.status_code == 302
+    assert response["Location"] == conversation.get_absolute_url()
     conversation.refresh_from_db()
     assert conversation.max_tokens == 64
 
@@ -193,13 +203,15 @@ def test_bad_settings_are_refused_with_the_error_next_to_the_field(alice, alice_
     by_htmx = alice_client.post(url, settings_data(**change), **HTMX)
     without_js = alice_client.post(url, settings_data(**change))
 
-    assert by_htmx.status_code == 422 and without_js.status_code == 400
+    assert by_htmx.status_code == 422
+    assert without_js.status_code == 400
     for response in (by_htmx, without_js):
         page = response.content.decode()
         assert '<details id="settings" class="settings disclosure" open>' in page
         # Django puts a field's errors right before it, pointed to by aria-describedby.
         errors = re.search(rf'<ul class="errorlist" id="id_{field}_error">(.*?)</ul>', page, re.S)
-        assert errors and error in errors.group(1)
+        assert errors
+        assert error in errors.group(1)
         assert re.search(rf'aria-describedby="[^"]*id_{field}_error"[^>]*id="id_{field}"', page)
     fresh = Conversation.objects.get(pk=conversation.pk)
     assert (fresh.model, fresh.temperature, fresh.max_tokens, fresh.system_prompt) == (
@@ -219,13 +231,15 @@ def test_the_max_tokens_limit_follows_the_users_plan(alice, alice_client):
     assert alice_client.post(url, settings_data(max_tokens=65), **HTMX).status_code == 422
     assert alice_client.post(url, settings_data(max_tokens=64), **HTMX).status_code == 200
     page = alice_client.get(conversation.get_absolute_url()).content.decode()
-    assert 'max="64"' in page and "1 to 64 on your plan." in page
+    assert 'max="64"' in page
+    assert "1 to 64 on your plan." in page
 
 
 def test_settings_are_shown_on_a_conversation_and_on_a_new_chat(alice, alice_client):
     conversation = Conversation.objects.create(user=alice, model=settings.CHAT_MODEL, max_tokens=99)
     page = alice_client.get(conversation.get_absolute_url()).content.decode()
-    assert "<summary>Settings</summary>" in page and 'value="99"' in page
+    assert "<summary>Settings</summary>" in page
+    assert 'value="99"' in page
     new_chat = alice_client.get(reverse("generation:chat")).content.decode()
     # Its fields belong to the composer, so the first prompt carries them.
     for field in ("model", "system_prompt", "temperature", "max_tokens"):
@@ -234,7 +248,8 @@ def test_settings_are_shown_on_a_conversation_and_on_a_new_chat(alice, alice_cli
             rf'<(select|textarea|input)[^>]*form="composer"[^>]*name="{field}"',
             new_chat,
         )
-    assert 'value="512"' in new_chat and 'value="0.2"' in new_chat
+    assert 'value="512"' in new_chat
+    assert 'value="0.2"' in new_chat
 
 
 def test_a_plan_below_the_default_max_tokens_starts_new_chats_at_its_limit(alice, alice_client, fast_engine):
@@ -266,7 +281,8 @@ def test_settings_chosen_on_a_new_chat_apply_to_its_first_answer(alice, alice_cl
         {"role": "system", "content": "Answer like a pirate."},
         {"role": "user", "content": "Ahoy?"},
     ]
-    assert params.temperature == 0.9 and params.max_tokens == 6
+    assert params.temperature == 0.9
+    assert params.max_tokens == 6
     assert 'value="6"' in response.content.decode()  # the conversation's own settings panel
 
 
@@ -286,15 +302,18 @@ def test_bad_settings_on_a_new_chat_are_refused_and_nothing_is_started(alice, al
     by_htmx = alice_client.post(reverse("generation:chat"), data, **HTMX)
     without_js = alice_client.post(reverse("generation:chat"), data)
 
-    assert by_htmx.status_code == 422 and without_js.status_code == 422
+    assert by_htmx.status_code == 422
+    assert without_js.status_code == 422
     for response in (by_htmx, without_js):
         page = response.content.decode()
         assert '<details id="settings" class="settings disclosure" open>' in page
         errors = re.search(rf'<ul class="errorlist" id="id_{field}_error">(.*?)</ul>', page, re.S)
-        assert errors and error in errors.group(1)
+        assert errors
+        assert error in errors.group(1)
         assert "Keep this prompt</textarea>" in page
     assert '<div id="conversation-top" hx-swap-oob="true">' in by_htmx.content.decode()
-    assert not Conversation.objects.filter(user=alice).exists() and seen == []
+    assert not Conversation.objects.filter(user=alice).exists()
+    assert seen == []
 
 
 def test_new_conversations_keep_the_default_settings(alice, alice_client, fast_engine):
@@ -315,7 +334,8 @@ def test_first_send_by_htmx_brings_the_title_and_settings_of_the_new_conversatio
     response = alice_client.post(reverse("generation:chat"), {"prompt": "Hi there"}, **HTMX)
     page = response.content.decode()
     assert '<div id="conversation-top" hx-swap-oob="true">' in page
-    assert '<h1 id="conversation-title">Hi there</h1>' in page and "<summary>Settings</summary>" in page
+    assert '<h1 id="conversation-title">Hi there</h1>' in page
+    assert "<summary>Settings</summary>" in page
 
 
 # Regenerate
@@ -330,11 +350,13 @@ def test_regenerate_starts_a_new_answer_and_keeps_the_earlier_one(alice, alice_c
     second = newest_answer(conversation)
     assert second.pk != first.pk
     page = response.content.decode()
-    assert f'id="message-{second.pk}"' in page and 'data-status="streaming"' in page
+    assert f'id="message-{second.pk}"' in page
+    assert 'data-status="streaming"' in page
     assert f'sse-connect="/chat/streams/{second.stream_id}/"' in page
     assert '<p id="quota" class="quota-meter" hx-swap-oob="true">' in page
     settle(second)
-    assert second.status == "complete" and second.content
+    assert second.status == "complete"
+    assert second.content
     assert Message.objects.filter(pk=first.pk, status="complete").exists()  # kept
     assert conversation.messages.count() == 3
 
@@ -348,14 +370,17 @@ def test_the_page_shows_only_the_newest_answer_with_one_regenerate_button(alice,
     page = alice_client.get(conversation.get_absolute_url()).content.decode()
 
     assert shown_articles(page) == ["user", "assistant"]
-    assert "THE FIRST ANSWER" not in page and f'id="message-{second.pk}"' in page
-    assert page.count(">Regenerate</button>") == 1 and page.count("<summary>Edit</summary>") == 1
+    assert "THE FIRST ANSWER" not in page
+    assert f'id="message-{second.pk}"' in page
+    assert page.count(">Regenerate</button>") == 1
+    assert page.count("<summary>Edit</summary>") == 1
 
 
 def test_regenerate_without_javascript_redirects_to_the_conversation(alice, alice_client, fast_engine):
     conversation, [first] = answered(alice, "Hello")
     response = alice_client.post(reverse("generation:message_regenerate", args=[first.pk]))
-    assert response.status_code == 302 and response["Location"] == conversation.get_absolute_url()
+    assert response.status_code == 302
+    assert response["Location"] == conversation.get_absolute_url()
     settle(newest_answer(conversation))
     assert conversation.messages.filter(role="assistant").count() == 2
 
@@ -397,7 +422,8 @@ def test_an_answer_still_streaming_cannot_be_regenerated(alice, alice_client, sl
 
     response = alice_client.post(reverse("generation:message_regenerate", args=[answer.pk]), **HTMX)
 
-    assert response.status_code == 422 and "still being written" in response.content.decode()
+    assert response.status_code == 422
+    assert "still being written" in response.content.decode()
     assert conversation.messages.count() == 2
     services.message_stop(message=answer)
     wait_for_terminal(slow_engine.store, answer.stream_id)
@@ -409,9 +435,12 @@ def test_a_regenerate_refused_by_the_quota_says_why_and_starts_nothing(alice, al
 
     response = alice_client.post(reverse("generation:message_regenerate", args=[first.pk]), **HTMX)
 
-    assert response.status_code == 429 and int(response["Retry-After"]) > 0
+    assert response.status_code == 429
+    assert int(response["Retry-After"]) > 0
     page = response.content.decode()
-    assert "used today" in page and "Try again in" in page and f'id="message-{first.pk}"' in page
+    assert "used today" in page
+    assert "Try again in" in page
+    assert f'id="message-{first.pk}"' in page
     assert conversation.messages.count() == 2
 
 
@@ -429,9 +458,13 @@ def test_editing_the_last_prompt_asks_it_anew_and_keeps_the_old_one_as_a_version
     assert response.status_code == 200
     page = response.content.decode()
     second = newest_answer(conversation)
-    assert second.pk != first.pk and f'id="message-{second.pk}"' in page and 'data-status="streaming"' in page
-    assert f'id="message-{first.pk}"' not in page and "Waht" not in page
-    assert "What is 2+2?" in page and '<span class="versions-position">2/2</span>' in page
+    assert second.pk != first.pk
+    assert f'id="message-{second.pk}"' in page
+    assert 'data-status="streaming"' in page
+    assert f'id="message-{first.pk}"' not in page
+    assert "Waht" not in page
+    assert "What is 2+2?" in page
+    assert '<span class="versions-position">2/2</span>' in page
     prompt.refresh_from_db()
     assert prompt.content == "Waht is 2+2?"  # kept, as the other version
     settle(second)
@@ -439,14 +472,16 @@ def test_editing_the_last_prompt_asks_it_anew_and_keeps_the_old_one_as_a_version
     assert Message.objects.filter(pk=first.pk).exists()
     shown = alice_client.get(conversation.get_absolute_url()).content.decode()
     thread = shown[shown.index('id="messages"') :]
-    assert shown_articles(thread) == ["user", "assistant"] and "Waht" not in thread
+    assert shown_articles(thread) == ["user", "assistant"]
+    assert "Waht" not in thread
 
 
 def test_edit_without_javascript_redirects_to_the_conversation(alice, alice_client, fast_engine):
     conversation, _ = answered(alice, "Helo")
     prompt = conversation.messages.get(role="user")
     response = alice_client.post(reverse("generation:message_edit", args=[prompt.pk]), {"prompt": "Hello"})
-    assert response.status_code == 302 and response["Location"] == conversation.get_absolute_url()
+    assert response.status_code == 302
+    assert response["Location"] == conversation.get_absolute_url()
     settle(newest_answer(conversation))
 
 
@@ -459,9 +494,11 @@ def test_an_empty_edit_is_refused_and_the_prompt_is_kept(alice, alice_client, fa
 
     assert response.status_code == 422
     page = response.content.decode()
-    assert "Type a message first." in page and '<details class="message-controls message-edit" open>' in page
+    assert "Type a message first." in page
+    assert '<details class="message-controls message-edit" open>' in page
     prompt.refresh_from_db()
-    assert prompt.content == "Keep me" and conversation.messages.count() == 2
+    assert prompt.content == "Keep me"
+    assert conversation.messages.count() == 2
 
 
 def test_an_edit_refused_by_the_quota_keeps_the_prompt_and_the_edited_text(alice, alice_client, fast_engine):
@@ -473,9 +510,11 @@ def test_an_edit_refused_by_the_quota_keeps_the_prompt_and_the_edited_text(alice
 
     assert response.status_code == 429
     page = response.content.decode()
-    assert "used today" in page and ">Edited</textarea>" in page
+    assert "used today" in page
+    assert ">Edited</textarea>" in page
     prompt.refresh_from_db()
-    assert prompt.content == "Original" and conversation.messages.count() == 2
+    assert prompt.content == "Original"
+    assert conversation.messages.count() == 2
 
 
 # Quota meter
@@ -533,7 +572,8 @@ def test_bob_gets_404_for_every_change_to_alices_things(alice, bob_client, fast_
     assert bob_client.post(url, data).status_code == 404
 
     conversation = Conversation.objects.get(user=alice)
-    assert conversation.title == "Alice's plans" and conversation.max_tokens == 512
+    assert conversation.title == "Alice's plans"
+    assert conversation.max_tokens == 512
     assert conversation.current_leaf_id is None  # no version chosen for her
     assert list(conversation.messages.values_list("content", flat=True)) == ["secret", "answer"]
 
@@ -548,7 +588,8 @@ def test_get_on_a_post_only_view_is_405(alice, alice_client, action):
 @pytest.mark.parametrize("action", ["rename", "delete", "settings", "regenerate", "edit", "choose"])
 def test_every_new_view_requires_login(alice, client, action):
     response = client.post(alices_things(alice)[action], {"title": "x", "prompt": "x"})
-    assert response.status_code == 302 and response["Location"].startswith(reverse("accounts:login"))
+    assert response.status_code == 302
+    assert response["Location"].startswith(reverse("accounts:login"))
 
 
 # Password change
@@ -563,7 +604,8 @@ def test_password_change_works_and_the_old_password_stops_working(alice, alice_c
         {"old_password": PASSWORD, "new_password1": "a-brand-new-secret-42", "new_password2": "a-brand-new-secret-42"},
     )
 
-    assert response.status_code == 302 and response["Location"] == reverse("accounts:password_change_done")
+    assert response.status_code == 302
+    assert response["Location"] == reverse("accounts:password_change_done")
     assert "Your password was changed." in alice_client.get(response["Location"]).content.decode()
     assert alice_client.get(reverse("generation:chat")).status_code == 200  # still logged in here
     assert not Client().login(request=RequestFactory().post("/accounts/login/"), username="alice", password=PASSWORD)
@@ -587,10 +629,13 @@ def test_a_refused_password_change_shows_the_error_and_keeps_the_old_password(al
     response = alice_client.post(reverse("accounts:password_change"), data)
 
     page = response.content.decode()
-    assert error in page and 'class="errorlist' in page and "Your password was not changed" in page
+    assert error in page
+    assert 'class="errorlist' in page
+    assert "Your password was not changed" in page
     assert Client().login(request=RequestFactory().post("/accounts/login/"), username="alice", password=PASSWORD)
 
 
 def test_password_change_requires_login(client):
     response = client.get(reverse("accounts:password_change"))
-    assert response.status_code == 302 and response["Location"].startswith(reverse("accounts:login"))
+    assert response.status_code == 302
+    assert response["Location"].startswith(reverse("accounts:login"))

@@ -24,7 +24,7 @@ from inference.upstream import UpstreamPool, endpoint_from_json
 from tests.support.api_client import CHAT, post, sse
 from tests.support.engines import install_engine, wait_for_terminal
 from tests.support.streams import answer_in_new_conversation, get_stream, parse_sse, session_headers
-from tests.upstreams import ScriptedServer, event_stream
+from tests.support.upstreams import ScriptedServer, event_stream
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -93,10 +93,12 @@ async def test_the_browser_shows_the_generic_message_on_the_saved_answer(alice, 
     response = await get_stream(f"/chat/streams/{answer.stream_id}/", session_headers(alice_client))
 
     done = parse_sse(response["body"])[-1]
-    assert done["event"] == "done" and failure_message(answer.stream_id) in done["data"]
+    assert done["event"] == "done"
+    assert failure_message(answer.stream_id) in done["data"]
     assert SECRET not in response["body"].decode()
     saved = await Message.objects.aget(pk=answer.pk)
-    assert saved.status == "error" and saved.error == failure_message(answer.stream_id)
+    assert saved.status == "error"
+    assert saved.error == failure_message(answer.stream_id)
     assert_logged_with_traceback(caplog, answer.stream_id)
 
 
@@ -138,7 +140,8 @@ def test_a_model_servers_own_failure_reaches_the_log_not_the_stream(model_server
 
         error = wait_for_terminal(store, "s1", timeout=10)[-1]
         pool.shut_down(1)
-    assert error.type == "error" and error.data["message"] == failure_message("s1")
+    assert error.type == "error"
+    assert error.data["message"] == failure_message("s1")
     assert SECRET not in json.dumps([event.data for event in store.events("s1")])
     assert any("s1" in r.getMessage() and SECRET in r.getMessage() for r in caplog.records)
 

@@ -27,7 +27,8 @@ def test_readyz_is_503_until_the_model_is_loaded_then_200(client, stream_store):
     runtime.current().engines[settings.CHAT_MODEL] = engine
 
     loading = client.get("/readyz")
-    assert loading.status_code == 503 and loading.json()["checks"]["model"] == "loading"
+    assert loading.status_code == 503
+    assert loading.json()["checks"]["model"] == "loading"
     release.set()
     assert engine.wait_ready(5)
     ready = client.get("/readyz")
@@ -47,10 +48,12 @@ def test_readyz_reports_a_model_that_failed_to_load(client, stream_store):
     engine.start()
     assert not engine.wait_ready(5)
     response = client.get("/readyz")
-    assert response.status_code == 503 and "no weights" in response.json()["checks"]["model"]
+    assert response.status_code == 503
+    assert "no weights" in response.json()["checks"]["model"]
 
 
 def test_readyz_reports_unreachable_redis(client, fast_engine, settings):
     settings.REDIS_URL = "redis://127.0.0.1:1/0"
     response = client.get("/readyz")
-    assert response.status_code == 503 and response.json()["checks"]["redis"] != "ok"
+    assert response.status_code == 503
+    assert response.json()["checks"]["redis"] != "ok"

@@ -58,7 +58,8 @@ def test_an_empty_prompt_is_400_while_another_users_streams_run_on(alice, alice_
     response = post("/v1/completions", {"model": MODEL, "prompt": "", "max_tokens": 5}, alice_key)
 
     error = assert_error(response, 400, None, "prompt")
-    assert "empty" in error["message"] and error["type"] == "invalid_request_error"
+    assert "empty" in error["message"]
+    assert error["type"] == "invalid_request_error"
     assert not UsageRecord.objects.filter(user=alice).exists()
     for stream_id in bobs:
         assert wait_for_terminal(stream_store, stream_id, timeout=120)[-1].type == "done"
@@ -129,7 +130,8 @@ def test_a_chat_send_beyond_the_days_budget_is_refused_before_anything_is_saved(
 
     assert response.status_code == 429
     assert "prompt is 10 tokens" in response.content.decode()
-    assert not Conversation.objects.exists() and not UsageRecord.objects.exists()
+    assert not Conversation.objects.exists()
+    assert not UsageRecord.objects.exists()
 
 
 def test_the_rate_limit_is_checked_before_the_prompt_is_tokenized(alice, alice_key, fast_engine, monkeypatch):
@@ -159,7 +161,8 @@ def test_a_chat_prompt_beyond_the_context_is_refused_in_words_and_saves_nothing(
     assert response.status_code == 422
     assert "maximum context length is 10 tokens" in response.content.decode()
     assert words(20) in response.content.decode()  # the prompt stays in the box
-    assert not Conversation.objects.exists() and not UsageRecord.objects.exists()
+    assert not Conversation.objects.exists()
+    assert not UsageRecord.objects.exists()
 
 
 def test_a_regenerate_beyond_the_context_is_refused_and_keeps_the_answer(alice, alice_client, fast_engine, monkeypatch):
@@ -170,7 +173,8 @@ def test_a_regenerate_beyond_the_context_is_refused_and_keeps_the_answer(alice, 
 
     response = alice_client.post(reverse("generation:message_regenerate", args=[answer.pk]), **HTMX)
 
-    assert response.status_code == 422 and "maximum context length" in response.content.decode()
+    assert response.status_code == 422
+    assert "maximum context length" in response.content.decode()
     assert list(Message.objects.filter(role="assistant")) == [answer]
 
 
@@ -183,7 +187,8 @@ async def test_a_socket_prompt_beyond_the_context_gets_an_error_and_the_socket_s
 
     await communicator.send_json_to({"type": "generate", "prompt": words(20)})
     error = await communicator.receive_json_from(timeout=5)
-    assert error["type"] == "error" and error["code"] == "context_length_exceeded"
+    assert error["type"] == "error"
+    assert error["code"] == "context_length_exceeded"
 
     await communicator.send_json_to({"type": "generate", "prompt": "Hi"})
     assert (await communicator.receive_json_from(timeout=5))["type"] == "started"
@@ -200,7 +205,8 @@ async def test_a_socket_prompt_that_is_not_unicode_gets_an_error_and_the_socket_
 
     await communicator.send_to(text_data='{"type": "generate", "prompt": "\\ud800"}')
     error = await communicator.receive_json_from(timeout=5)
-    assert error["type"] == "error" and "not valid Unicode" in error["message"]
+    assert error["type"] == "error"
+    assert "not valid Unicode" in error["message"]
 
     await communicator.send_json_to({"type": "generate", "prompt": "Hi"})
     assert (await communicator.receive_json_from(timeout=5))["type"] == "started"
@@ -276,7 +282,8 @@ def test_a_refused_new_chat_creates_no_conversation_at_all(alice, alice_client, 
     with CaptureQueriesContext(connection) as queries:
         response = alice_client.post(reverse("generation:chat"), {"prompt": "Hello"}, **HTMX)
 
-    assert response.status_code == 429 and response["Retry-After"]
+    assert response.status_code == 429
+    assert response["Retry-After"]
     assert not any("generation_conversation" in q["sql"] and q["sql"].startswith("INSERT") for q in queries)
     assert not Conversation.objects.exists()
 

@@ -67,14 +67,18 @@ def test_a_hit_streams_the_real_models_answer_again_with_the_same_events(alice, 
     again_text, again_ids, again_usage = streamed(again)
     whole = post("/v1/chat/completions", {**GREEDY, "max_tokens": 12}, alice_key)
 
-    assert first["x-chatsite-cache"] == "miss" and again["x-chatsite-cache"] == "hit"
+    assert first["x-chatsite-cache"] == "miss"
+    assert again["x-chatsite-cache"] == "hit"
     assert whole["x-chatsite-cache"] == "hit"
-    assert text.strip() and again_text == text and answer_text(whole) == text
+    assert text.strip()
+    assert again_text == text
+    assert answer_text(whole) == text
     # The same events under the same ids, so that resume points mean the same; a reader
     # gets the hit's tokens, all there at once, in fewer SSE events (under the last one's id).
     assert again_ids[-1] == ids[-1]
     # A hit counts as a request and its prompt, not as completion tokens.
-    assert usage["completion_tokens"] > 0 and again_usage["completion_tokens"] == 0
+    assert usage["completion_tokens"] > 0
+    assert again_usage["completion_tokens"] == 0
     assert again_usage["prompt_tokens"] == usage["prompt_tokens"]
     records = list(UsageRecord.objects.filter(user=alice).order_by("created_at", "pk"))
     assert [(r.cache, r.status) for r in records] == [("miss", "complete"), ("hit", "complete"), ("hit", "complete")]
@@ -83,7 +87,8 @@ def test_a_hit_streams_the_real_models_answer_again_with_the_same_events(alice, 
     tokens = [
         [(e.seq, e.data["delta"]) for e in real_engine.store.events(r.stream_id) if e.type == "token"] for r in records
     ]
-    assert tokens[1] == tokens[2] == tokens[0] and len(tokens[0]) > 1
+    assert tokens[1] == tokens[2] == tokens[0]
+    assert len(tokens[0]) > 1
 
 
 @pytest.mark.parametrize(
@@ -129,7 +134,8 @@ def test_the_key_covers_the_model_the_prompt_the_user_and_every_generation_param
         variants[name] = response_cache_key(
             user_id=1, model=MODEL, prompt=prompt, params=dataclasses.replace(params, **{name: value})
         )
-    assert key not in variants.values() and len(set(variants.values())) == len(variants)
+    assert key not in variants.values()
+    assert len(set(variants.values())) == len(variants)
     assert response_cache_key(user_id=1, model=MODEL, prompt=prompt, params=params) == key
 
 
@@ -143,7 +149,8 @@ def test_global_scope_serves_one_users_answer_to_another(alice_key, bob_key, fas
     settings.CHAT_RESPONSE_CACHE = "global"
     alices = post("/v1/chat/completions", GREEDY, alice_key)
     bobs = post("/v1/chat/completions", GREEDY, bob_key)
-    assert alices["x-chatsite-cache"] == "miss" and bobs["x-chatsite-cache"] == "hit"
+    assert alices["x-chatsite-cache"] == "miss"
+    assert bobs["x-chatsite-cache"] == "hit"
     assert answer_text(bobs) == answer_text(alices)
 
 
@@ -160,7 +167,8 @@ def test_a_request_that_samples_without_a_seed_is_never_cached(alice, alice_key,
     responses = [post("/v1/chat/completions", sampled, alice_key) for _ in range(2)]
     assert all(r.status_code == 200 and not r.has_header("x-chatsite-cache") for r in responses)
     records = UsageRecord.objects.filter(user=alice)
-    assert [r.cache for r in records] == ["", ""] and all(r.completion_tokens > 0 for r in records)
+    assert [r.cache for r in records] == ["", ""]
+    assert all(r.completion_tokens > 0 for r in records)
 
 
 def test_with_the_cache_off_nothing_is_cached(alice_key, fast_engine, response_cache, settings):
@@ -180,7 +188,8 @@ def test_a_stopped_answer_is_never_stored(alice, alice_key, stream_store, respon
         lookup = response_cache_lookup(
             user_id=alice.pk, model=MODEL, prompt=GREEDY["messages"], params=GenerationParams(temperature=0)
         )
-        assert lookup is not None and lookup.answer is None
+        assert lookup is not None
+        assert lookup.answer is None
     finally:
         engine.stop(5)
 
@@ -196,7 +205,8 @@ def test_a_hit_resumes_after_last_event_id_and_is_alices_alone(alice_key, bob_ke
     resumed, ids, _ = streamed(get(f"/v1/streams/{completion_id}", alice_key, HTTP_LAST_EVENT_ID="5"))
     # Tokens that wait together go out as one event, under the last one's id.
     assert all(int(event_id) > 5 for event_id in ids if event_id)
-    assert resumed and full_text[: -len(resumed)] == " ".join(SYNTHETIC_TEXT.split()[:5])
+    assert resumed
+    assert full_text[: -len(resumed)] == " ".join(SYNTHETIC_TEXT.split()[:5])
     assert streamed(get(f"/v1/streams/{completion_id}?after=0", alice_key))[0] == full_text
     # Stop works as on any finished stream; bob can neither read nor stop it.
     assert post(f"/v1/streams/{completion_id}/cancel", {}, alice_key).status_code == 200
@@ -230,8 +240,10 @@ def test_a_chat_answer_from_cache_equals_the_first_and_says_so_after_a_reload(
 
     first.refresh_from_db()
     second.refresh_from_db()
-    assert not first.from_cache and second.from_cache
-    assert second.content == first.content and second.status == "complete"
+    assert not first.from_cache
+    assert second.from_cache
+    assert second.content == first.content
+    assert second.status == "complete"
     assert "".join(e.data["delta"] for e in events if e.type == "token") == first.content
     page = alice_client.get(conversation.get_absolute_url()).content.decode()
     assert page.count('data-role="from-cache"') == 1
@@ -254,4 +266,5 @@ def test_bob_cannot_see_the_hit_rate_page(bob_client):
 
 def test_a_client_without_a_key_gets_no_cache_header(fast_engine, response_cache):
     response = Client().post("/v1/chat/completions", json.dumps(GREEDY), content_type="application/json")
-    assert response.status_code == 401 and not response.has_header("x-chatsite-cache")
+    assert response.status_code == 401
+    assert not response.has_header("x-chatsite-cache")

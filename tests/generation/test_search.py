@@ -48,15 +48,18 @@ def test_search_follows_edits_renames_and_deletes(alice):
     message.content = "second words"
     message.save()
     Message.objects.filter(pk=message.pk).update(content="third words")  # as the engine's saves do
-    assert found(alice, "first") == [] and found(alice, "second") == []
+    assert found(alice, "first") == []
+    assert found(alice, "second") == []
     assert found(alice, "third") == ["Draft"]
 
     conversation.title = "Final"
     conversation.save()
-    assert found(alice, "draft") == [] and found(alice, "final") == ["Final"]
+    assert found(alice, "draft") == []
+    assert found(alice, "final") == ["Final"]
 
     conversation.delete()
-    assert found(alice, "third") == [] and found(alice, "final") == []
+    assert found(alice, "third") == []
+    assert found(alice, "final") == []
 
 
 def test_search_never_finds_another_users_conversations(alice, bob):
@@ -109,7 +112,8 @@ def test_highlight_shows_the_passage_around_a_late_match():
 
     html = highlight(text, ["needle"], width=80)
 
-    assert html.startswith("…") and html.endswith("…")
+    assert html.startswith("…")
+    assert html.endswith("…")
     assert "<mark>needle</mark> in the haystack" in html
     assert len(html) < 120
 
@@ -143,7 +147,8 @@ def test_another_users_search_shows_none_of_alices_conversations(bob_client, ali
     response = bob_client.get(SEARCH, {"q": "albatross"}, **HTMX)
 
     assert response.status_code == 200
-    assert b"Alice only" not in response.content and b"albatross</mark>" not in response.content
+    assert b"Alice only" not in response.content
+    assert b"albatross</mark>" not in response.content
     assert b"0 conversations found" in response.content
 
 
@@ -160,22 +165,26 @@ def test_oversized_malformed_or_wordless_searches_say_what_is_wrong(alice_client
     htmx = alice_client.get(f"{SEARCH}?q={query}", **HTMX)
     page = alice_client.get(f"{SEARCH}?q={query}")
 
-    assert htmx.status_code == 422 and error in htmx.content
-    assert page.status_code == 400 and error in page.content
+    assert htmx.status_code == 422
+    assert error in htmx.content
+    assert page.status_code == 400
+    assert error in page.content
 
 
 def test_an_empty_search_clears_the_results(alice_client):
     response = alice_client.get(SEARCH, {"q": "  "}, **HTMX)
 
     assert response.status_code == 200
-    assert b"data-searching" not in response.content and b"<mark>" not in response.content
+    assert b"data-searching" not in response.content
+    assert b"<mark>" not in response.content
 
 
 @pytest.mark.parametrize(("url", "query"), [(SEARCH, {"q": "anything"}), (PAGES, {"page": 2})])
 def test_search_and_pages_need_a_login(client, url, query):
     response = client.get(url, query)
 
-    assert response.status_code == 302 and "/accounts/login/" in response["Location"]
+    assert response.status_code == 302
+    assert "/accounts/login/" in response["Location"]
 
 
 @pytest.mark.parametrize("url", [SEARCH, PAGES])
@@ -192,7 +201,8 @@ def test_the_sidebar_shows_the_newest_page_then_show_more_loads_the_next(alice_c
 
     first = alice_client.get(reverse("generation:chat")).content.decode()
     assert first.count('<li id="conversation-') == CONVERSATIONS_PER_PAGE
-    assert titles[CONVERSATIONS_PER_PAGE - 1] in first and titles[CONVERSATIONS_PER_PAGE] not in first
+    assert titles[CONVERSATIONS_PER_PAGE - 1] in first
+    assert titles[CONVERSATIONS_PER_PAGE] not in first
     assert f"{PAGES}?page=2" in first
 
     second = alice_client.get(PAGES, {"page": 2}, **HTMX).content.decode()

@@ -42,10 +42,13 @@ async def test_generate_streams_tokens_then_done_and_saves_the_answer(alice_clie
     assert started["type"] == "started"
     tokens, done = events[:-1], events[-1]
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
-    assert {e["type"] for e in tokens} == {"token"} and done["type"] == "done"
-    assert done["finish_reason"] == "stop" and done["usage"]["completion_tokens"] == 12
+    assert {e["type"] for e in tokens} == {"token"}
+    assert done["type"] == "done"
+    assert done["finish_reason"] == "stop"
+    assert done["usage"]["completion_tokens"] == 12
     answer = await Message.objects.aget(pk=started["message_id"])
-    assert answer.status == "complete" and answer.content == "".join(e["delta"] for e in tokens)
+    assert answer.status == "complete"
+    assert answer.content == "".join(e["delta"] for e in tokens)
 
 
 async def test_a_waiting_generation_hears_its_place_in_the_queue_then_streams(
@@ -69,10 +72,13 @@ async def test_a_waiting_generation_hears_its_place_in_the_queue_then_streams(
     assert waiting == {"type": "status", "seq": 1, "state": "queued", "ahead": 0}
     assert events[0] == {"type": "status", "seq": 2, "state": "running"}
     tokens, done = events[1:-1], events[-1]
-    assert tokens and {e["type"] for e in tokens} == {"token"} and done["type"] == "done"
+    assert tokens
+    assert {e["type"] for e in tokens} == {"token"}
+    assert done["type"] == "done"
     assert [e["seq"] for e in events] == list(range(2, len(events) + 2))
     answer = await Message.objects.aget(pk=started["message_id"])
-    assert answer.status == "complete" and answer.completion_tokens == 8
+    assert answer.status == "complete"
+    assert answer.completion_tokens == 8
     assert answer.content == "".join(e["delta"] for e in tokens)
 
 
@@ -92,9 +98,11 @@ async def test_cancel_stops_the_generation(alice_client, conversation, stream_st
     await communicator.disconnect()
     engine.stop(5)
 
-    assert events[-1]["type"] == "done" and events[-1]["status"] == "stopped"
+    assert events[-1]["type"] == "done"
+    assert events[-1]["status"] == "stopped"
     answer = await Message.objects.aget(pk=started["message_id"])
-    assert answer.status == "stopped" and answer.completion_tokens < 64
+    assert answer.status == "stopped"
+    assert answer.completion_tokens < 64
 
 
 @pytest.mark.parametrize(
@@ -116,7 +124,8 @@ async def test_malformed_messages_get_an_error_and_keep_the_socket_open(
     await communicator.connect()
     await communicator.send_to(text_data=payload)
     reply = await communicator.receive_json_from(timeout=5)
-    assert reply["type"] == "error" and expected in reply["message"]
+    assert reply["type"] == "error"
+    assert expected in reply["message"]
     await communicator.send_json_to({"type": "cancel"})  # still open: no error for a no-op cancel
     assert await communicator.receive_nothing(0.1)
     await communicator.disconnect()
@@ -126,13 +135,15 @@ async def test_malformed_messages_get_an_error_and_keep_the_socket_open(
 async def test_bob_is_refused_on_alices_conversation(bob_client, conversation, fast_engine):
     communicator = socket(conversation.id, [*session_headers(bob_client), ORIGIN])
     connected, code = await communicator.connect()
-    assert not connected and code == 4403
+    assert not connected
+    assert code == 4403
 
 
 async def test_anonymous_socket_is_refused(conversation, fast_engine):
     communicator = socket(conversation.id, [(b"host", b"localhost"), ORIGIN])
     connected, code = await communicator.connect()
-    assert not connected and code == 4403
+    assert not connected
+    assert code == 4403
 
 
 async def test_foreign_origin_is_refused(alice_client, conversation, fast_engine):
@@ -171,7 +182,8 @@ async def test_quota_refusal_is_an_error_message(alice, alice_client, conversati
     await communicator.send_json_to({"type": "generate", "prompt": "Hi"})
     reply = await communicator.receive_json_from(timeout=5)
     await communicator.disconnect()
-    assert reply["type"] == "error" and reply["code"] == "insufficient_quota"
+    assert reply["type"] == "error"
+    assert reply["code"] == "insufficient_quota"
     assert not await UsageRecord.objects.filter(user=alice).aexists()
 
 

@@ -46,11 +46,13 @@ def test_stop_saves_exactly_the_streamed_text_marked_stopped(alice, alice_client
     assert response.status_code == 204
     events = wait_for_terminal(slow_engine.store, answer.stream_id)
     answer.refresh_from_db()
-    assert answer.status == "stopped" and answer.finish_reason == "cancelled"
+    assert answer.status == "stopped"
+    assert answer.finish_reason == "cancelled"
     assert answer.content == "".join(e.data["delta"] for e in events if e.type == "token")
     assert 3 <= answer.completion_tokens < 64
     page = alice_client.get(answer.conversation.get_absolute_url()).content.decode()
-    assert 'data-status="stopped"' in page and answer.content in page
+    assert 'data-status="stopped"' in page
+    assert answer.content in page
 
 
 def test_stop_button_is_shown_only_while_streaming(alice, alice_client, slow_engine):
@@ -65,7 +67,8 @@ def test_stop_button_is_shown_only_while_streaming(alice, alice_client, slow_eng
 def test_stop_without_javascript_redirects_back(alice, alice_client, slow_engine):
     answer = streaming_answer(alice)
     response = alice_client.post(reverse("generation:message_stop", args=[answer.pk]))
-    assert response.status_code == 302 and response["Location"] == answer.conversation.get_absolute_url()
+    assert response.status_code == 302
+    assert response["Location"] == answer.conversation.get_absolute_url()
     assert slow_engine.store.is_cancelled(answer.stream_id)
 
 
@@ -103,7 +106,8 @@ def test_generation_goes_on_and_completes_when_the_browser_leaves(alice, slow_en
     assert not slow_engine.store.is_cancelled(answer.stream_id)
     wait_for_terminal(slow_engine.store, answer.stream_id, timeout=10)
     answer.refresh_from_db()
-    assert answer.status == "complete" and len(answer.content.split()) == 64
+    assert answer.status == "complete"
+    assert len(answer.content.split()) == 64
 
 
 def test_an_api_stream_cancels_its_generation_when_the_client_disconnects(alice, slow_engine):
@@ -145,7 +149,8 @@ def test_answers_of_a_dead_process_become_interrupted_keeping_their_text(alice, 
     assert reaping.messages_settle_orphans() == 1
 
     orphan.refresh_from_db()
-    assert orphan.status == "interrupted" and orphan.content == "So far"
+    assert orphan.status == "interrupted"
+    assert orphan.content == "So far"
     live.refresh_from_db()
     assert live.status == "streaming"
     slow_engine.cancel(live.stream_id)
@@ -177,7 +182,8 @@ async def test_reader_of_a_stream_whose_producer_stopped_beating_gets_the_interr
     response = await get_stream(orphan.get_stream_url(), session_headers(alice_client), timeout=5)
 
     events = parse_sse(response["body"])
-    assert [e["event"] for e in events] == ["done"] and 'data-status="interrupted"' in events[0]["data"]
+    assert [e["event"] for e in events] == ["done"]
+    assert 'data-status="interrupted"' in events[0]["data"]
 
 
 def _cookie_for(user) -> list[tuple[bytes, bytes]]:
@@ -199,5 +205,6 @@ def test_usage_records_of_a_dead_process_stop_counting_as_running_streams(alice,
     reaping.messages_settle_orphans()
 
     record = UsageRecord.objects.get(stream_id="deadapi")
-    assert record.status == "interrupted" and record.reserved_tokens == 0
+    assert record.status == "interrupted"
+    assert record.reserved_tokens == 0
     assert stream_store.events("deadapi")[-1].type == "error"

@@ -32,7 +32,7 @@ from inference.upstream import (
 )
 from tests.support.api_client import CHAT, assert_error, post
 from tests.support.engines import wait_for_terminal, wait_until
-from tests.upstreams import ScriptedServer, event_stream
+from tests.support.upstreams import ScriptedServer, event_stream
 
 ENDPOINT = {"model": "remote", "base_url": "http://127.0.0.1:9/v1", "upstream_model": "m"}
 
@@ -84,19 +84,22 @@ def test_a_circuit_opens_after_consecutive_failures_then_lets_one_probe_through(
     for _ in range(3):
         assert circuit.allows()
         circuit.failed()
-    assert circuit.state == "open" and not circuit.allows()
+    assert circuit.state == "open"
+    assert not circuit.allows()
 
     time.sleep(0.12)
     assert circuit.allows()
     circuit.taken()  # the probe
-    assert circuit.state == "half-open" and not circuit.allows()
+    assert circuit.state == "half-open"
+    assert not circuit.allows()
     circuit.failed()  # the probe failed: open again
     assert circuit.state == "open"
 
     time.sleep(0.12)
     circuit.taken()
     circuit.succeeded()
-    assert circuit.state == "closed" and circuit.allows()
+    assert circuit.state == "closed"
+    assert circuit.allows()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -190,7 +193,8 @@ def test_an_endpoints_api_key_is_written_in_the_admin_and_never_shown_again(admi
     form |= {"first_token_timeout_s": 60, "read_timeout_s": 60, "enabled": "on"}
     assert admin_client.post(url, form).status_code == 302
     endpoint.refresh_from_db()
-    assert endpoint.api_key == "sk-secret-123" and endpoint.max_concurrent == 4  # empty keeps the saved key
+    assert endpoint.api_key == "sk-secret-123"
+    assert endpoint.max_concurrent == 4  # empty keeps the saved key
     admin_client.post(url, {**form, "clear_api_key": "on"})
     endpoint.refresh_from_db()
     assert endpoint.api_key == ""
@@ -282,7 +286,8 @@ def test_generations_one_after_another_go_over_one_kept_connection():
     assert [[e.data.get("delta") for e in events if e.type == "token"] for events in answers] == [["Hi", " there"]] * 4
     # Read to its end, each response gave its connection back to the pool. (Two at most: the
     # first health check may hold one while the first generation starts.)
-    assert len(peers) == 4 and len(set(peers)) <= 2
+    assert len(peers) == 4
+    assert len(set(peers)) <= 2
 
 
 def test_a_pool_shut_down_stops_its_checks_its_connections_and_its_thread():
@@ -300,8 +305,10 @@ def test_a_pool_shut_down_stops_its_checks_its_connections_and_its_thread():
         time.sleep(0.2)  # four health intervals
 
     assert len(upstream.requests) == asked  # no more checks
-    assert pool._client is not None and pool._client.closed
-    assert pool._thread is not None and not pool._thread.is_alive()
+    assert pool._client is not None
+    assert pool._client.closed
+    assert pool._thread is not None
+    assert not pool._thread.is_alive()
     pool.shut_down(1)  # again: nothing left to do
 
 
@@ -319,7 +326,8 @@ def test_an_endpoints_api_key_goes_with_its_generations_and_health_checks_and_no
         ("GET", "/v1/models"): "Bearer sk-upstream",
         ("POST", "/v1/chat/completions"): "Bearer sk-upstream",
     }
-    assert keyless.requests and all("Authorization" not in headers for _, _, headers in keyless.requests)
+    assert keyless.requests
+    assert all("Authorization" not in headers for _, _, headers in keyless.requests)
 
 
 def test_requests_go_through_the_proxy_the_environment_names_unless_no_proxy_spares_the_server(monkeypatch):
@@ -381,7 +389,8 @@ def test_a_health_check_that_fails_unexpectedly_logs_it_and_the_checks_go_on(mon
         state = pool.snapshots()[0]["state"]
         pool.shut_down(1)
 
-    assert failures == ["e"] and "Health check of upstream e failed" in caplog.text
+    assert failures == ["e"]
+    assert "Health check of upstream e failed" in caplog.text
     assert state == "up"  # the next check found it answering
 
 
@@ -454,7 +463,8 @@ def test_a_chunk_of_an_unexpected_shape_ends_the_answer_with_an_error_not_a_hang
         [events] = run_on_pool(upstream, "s1")
 
     assert [e.data["delta"] for e in events if e.type == "token"] == ["Hi"]  # what came is kept
-    assert events[-1].type == "error" and says in events[-1].data["message"]
+    assert events[-1].type == "error"
+    assert says in events[-1].data["message"]
 
 
 @pytest.mark.parametrize(
@@ -482,7 +492,9 @@ def test_an_answer_the_server_cannot_give_fails_and_opens_no_circuit(monkeypatch
         snapshot = pool.snapshots()[0]
         pool.shut_down(1)
 
-    assert error.type == "error" and error.data["code"] == "upstream_error" and says in error.data["message"]
+    assert error.type == "error"
+    assert error.data["code"] == "upstream_error"
+    assert says in error.data["message"]
     assert (snapshot["state"], snapshot["errors"]) == ("up", 1)
 
 
@@ -494,7 +506,8 @@ def test_a_stream_that_ends_without_done_keeps_what_it_sent():
         [events] = run_on_pool(upstream, "s1")
 
     assert [e.data["delta"] for e in events if e.type == "token"] == ["Hi", " there"]
-    assert events[-1].type == "done" and events[-1].data["finish_reason"] == "stop"
+    assert events[-1].type == "done"
+    assert events[-1].data["finish_reason"] == "stop"
 
 
 async def test_a_pool_on_its_readers_loop_streams_there_without_a_thread_of_its_own():
@@ -514,7 +527,9 @@ async def test_a_pool_on_its_readers_loop_streams_there_without_a_thread_of_its_
         events = [event async for batch in store.read("s1") for event in batch]
         await asyncio.to_thread(pool.shut_down, 1)
         client = pool._client
-        assert client is not None and client.closed and not pool._background  # nothing left behind
+        assert client is not None
+        assert client.closed
+        assert not pool._background  # nothing left behind
 
     assert [e.data["delta"] for e in events if e.type == "token"] == ["Hi", " there"]
     assert events[-1].type == "done"

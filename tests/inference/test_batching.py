@@ -76,7 +76,8 @@ def test_the_batch_really_shares_steps(smollm):
     while len(batch):
         finished += batch.step()
         steps += 1
-    assert steps == 8 and len(finished) == 3
+    assert steps == 8
+    assert len(finished) == 3
     assert all(outcome.completion_tokens == 8 and outcome.finish_reason == "length" for _, outcome in finished)
 
 
@@ -98,7 +99,8 @@ def test_a_generation_cancelled_mid_batch_leaves_the_others_intact(batched_engin
     wait_until(lambda: sum(e.type == "token" for e in store.events("b")) >= 5, timeout=60)
     batched_engine.cancel("b")
     b, b_done = streamed_text(store, "b")
-    assert b_done["finish_reason"] == "cancelled" and b_done["usage"]["completion_tokens"] < 32
+    assert b_done["finish_reason"] == "cancelled"
+    assert b_done["usage"]["completion_tokens"] < 32
     assert alone(PROMPTS[3], 32).startswith(b)
     assert streamed_text(store, "a")[0] == alone(PROMPTS[1], 32)
     assert streamed_text(store, "c")[0] == alone(PROMPTS[4], 32)
@@ -112,9 +114,11 @@ def test_stop_sequences_and_max_tokens_hold_per_generation(batched_engine, alone
     batched_engine.submit(Job("plain", chat(PROMPTS[4]), greedy(32)))
 
     stopped, stopped_done = streamed_text(batched_engine.store, "stopped")
-    assert stopped == full[: full.index(stop)] and stopped_done["finish_reason"] == "stop"
+    assert stopped == full[: full.index(stop)]
+    assert stopped_done["finish_reason"] == "stop"
     short, short_done = streamed_text(batched_engine.store, "short")
-    assert short_done["usage"]["completion_tokens"] == 5 and short_done["finish_reason"] == "length"
+    assert short_done["usage"]["completion_tokens"] == 5
+    assert short_done["finish_reason"] == "length"
     assert short == alone(PROMPTS[1], 5)
     assert streamed_text(batched_engine.store, "plain")[0] == alone(PROMPTS[4], 32)
 
@@ -127,7 +131,8 @@ def test_sampling_with_a_seed_repeats_whatever_else_is_in_the_batch(batched_engi
     batched_engine.submit(Job("again", chat(PROMPTS[4]), seeded))
     again_text, _ = streamed_text(batched_engine.store, "again")
     other_text, _ = streamed_text(batched_engine.store, "other")
-    assert again_text == alone_text and other_text
+    assert again_text == alone_text
+    assert other_text
 
 
 def test_multibyte_characters_are_never_split(smollm):
@@ -188,7 +193,8 @@ def test_a_waiting_generation_cancelled_leaves_the_queue_at_once():
     store.cancel("first")  # as Stop does, from any process
     done = wait_for_terminal(store, "first", timeout=1)[-1]
 
-    assert done.data["finish_reason"] == "cancelled" and done.data["usage"]["completion_tokens"] == 0
+    assert done.data["finish_reason"] == "cancelled"
+    assert done.data["usage"]["completion_tokens"] == 0
     assert not store.events("running")[-1].terminal  # the running one goes on
     assert store.events("second")[-1].data == {"state": "queued", "ahead": 0}  # and "second" moved up
     store.cancel("running")
@@ -312,7 +318,8 @@ def test_an_empty_prompt_fails_alone_and_never_joins_the_batch(batched_engine, a
     batched_engine.submit(Job("after", chat(PROMPTS[3]), greedy(16)))
 
     empty = wait_for_terminal(store, "empty", timeout=120)
-    assert empty[-1].type == "error" and "empty" in empty[-1].data["message"]
+    assert empty[-1].type == "error"
+    assert "empty" in empty[-1].data["message"]
     assert streamed_text(store, "before")[0] == alone(PROMPTS[0], 16)
     assert streamed_text(store, "after")[0] == alone(PROMPTS[3], 16)
 
@@ -349,7 +356,8 @@ def test_a_prompt_whose_prefill_fails_leaves_alone_and_the_prompts_joining_with_
     while len(batch):
         outcomes.update(batch.step())
 
-    assert isinstance(outcomes[sequences["poisoned"]], RuntimeError) and not texts["poisoned"]
+    assert isinstance(outcomes[sequences["poisoned"]], RuntimeError)
+    assert not texts["poisoned"]
     assert "".join(texts["a"]) == expected[PROMPTS[0]]
     assert "".join(texts["b"]) == expected[PROMPTS[1]]
 
@@ -372,7 +380,8 @@ def test_a_row_whose_decoding_step_fails_fails_alone_and_the_others_go_on(
         batched_engine.submit(Job(name, prompt, greedy(24)))
 
     failed = wait_for_terminal(store, "short", timeout=120)
-    assert failed[-1].type == "error" and failed[-1].data["message"] == failure_message("short")
+    assert failed[-1].type == "error"
+    assert failed[-1].data["message"] == failure_message("short")
     assert "forward failed for a poisoned row" in caplog.text  # for the log only
     assert any(e.type == "token" for e in failed)  # what it made before its step failed was sent
     assert streamed_text(store, "long")[0] == expected["long"]

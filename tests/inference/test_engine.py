@@ -36,10 +36,12 @@ def test_greedy_generation_streams_numbered_tokens_then_one_done(real_engine, sm
     tokens, done = events[:-1], events[-1]
     assert len(tokens) >= 3
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
-    assert {e.type for e in tokens} == {"token"} and done.type == "done"
+    assert {e.type for e in tokens} == {"token"}
+    assert done.type == "done"
     usage = done.data["usage"]
     assert usage["prompt_tokens"] > 5
-    assert usage["completion_tokens"] == 12 and done.data["finish_reason"] == "length"
+    assert usage["completion_tokens"] == 12
+    assert done.data["finish_reason"] == "length"
     assert done.data["timings"]["ttft_ms"] > 0
     # The streamed text is exactly what a plain greedy generate() produces.
     inputs = smollm.tokenizer.apply_chat_template(
@@ -49,7 +51,8 @@ def test_greedy_generation_streams_numbered_tokens_then_one_done(real_engine, sm
     expected = smollm.tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     streamed = "".join(e.data["delta"] for e in tokens)
     assert streamed == expected
-    assert finished[0].text == streamed and finished[0].status == "complete"
+    assert finished[0].text == streamed
+    assert finished[0].status == "complete"
 
 
 def test_model_that_ends_its_answer_reports_stop(real_engine):
@@ -77,7 +80,8 @@ def test_cancel_stops_generation_within_a_step(real_engine):
     events = wait_for_terminal(real_engine.store, "s1")
 
     done = events[-1]
-    assert done.data["finish_reason"] == "cancelled" and done.data["status"] == "stopped"
+    assert done.data["finish_reason"] == "cancelled"
+    assert done.data["status"] == "stopped"
     # One step may already be under way when the flag is set.
     cancelled_at = sum(1 for e in events if e.type == "token")
     assert done.data["usage"]["completion_tokens"] <= cancelled_at + 2 < 300
@@ -109,8 +113,10 @@ def test_job_cancelled_while_queued_never_runs(scheduler):
     events = wait_for_terminal(store, "second")
     engine.stop(5)
     # Queued, then ended without a token (batched: at once; sequential: at its turn).
-    assert events[0].data == {"state": "queued", "ahead": 0} and "token" not in {e.type for e in events}
-    assert events[-1].data["status"] == "stopped" and events[-1].data["usage"]["completion_tokens"] == 0
+    assert events[0].data == {"state": "queued", "ahead": 0}
+    assert "token" not in {e.type for e in events}
+    assert events[-1].data["status"] == "stopped"
+    assert events[-1].data["usage"]["completion_tokens"] == 0
 
 
 def test_queue_refuses_beyond_its_bound(scheduler):
@@ -142,7 +148,8 @@ def test_a_model_that_fails_to_load_ends_each_stream_with_an_error(scheduler, ca
     engine.submit(Job("s1", PROMPT))
     events = wait_for_terminal(store, "s1")
     engine.stop(5)
-    assert not engine.ready and "weights missing" in (engine.load_error or "")
+    assert not engine.ready
+    assert "weights missing" in (engine.load_error or "")
     assert [e.type for e in events] == ["error"]
     # Readers get a reference; the log has why, under it.
     assert events[0].data["message"] == failure_message("s1")
@@ -223,16 +230,23 @@ def test_shut_down_lets_short_answers_finish_then_interrupts_the_rest_with_their
 
     engine.shut_down(grace_s=1.0)
 
-    assert finished["short"].status == "complete" and finished["short"].completion_tokens == 10
+    assert finished["short"].status == "complete"
+    assert finished["short"].completion_tokens == 10
     long = finished["long"]
-    assert long.status == "interrupted" and long.text and long.error.startswith("The server stopped")
-    assert finished["next"].status == "interrupted" and finished["next"].text
-    assert finished["waiting"].status == "interrupted" and finished["waiting"].text == ""
+    assert long.status == "interrupted"
+    assert long.text
+    assert long.error.startswith("The server stopped")
+    assert finished["next"].status == "interrupted"
+    assert finished["next"].text
+    assert finished["waiting"].status == "interrupted"
+    assert finished["waiting"].text == ""
     terminal = stream_store.events("long")[-1]
-    assert terminal.type == "error" and terminal.data["message"] == "interrupted"
+    assert terminal.type == "error"
+    assert terminal.data["message"] == "interrupted"
     with pytest.raises(EngineOverloaded):
         engine.submit(job("late", 5))
-    assert not engine.ready and not engine.busy()
+    assert not engine.ready
+    assert not engine.busy()
 
 
 def test_an_interrupted_answer_ends_with_the_one_error_event_readers_know():

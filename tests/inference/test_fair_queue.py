@@ -20,7 +20,7 @@ from inference.streams import InMemoryStreamStore
 from inference.upstream import UpstreamPool, endpoint_from_json
 from tests.support.api_client import CHAT, post
 from tests.support.engines import install_engine, wait_for_terminal, wait_until
-from tests.upstreams import ScriptedServer, event_stream
+from tests.support.upstreams import ScriptedServer, event_stream
 
 PROMPT = [{"role": "user", "content": "Hi"}]
 
@@ -55,7 +55,8 @@ def test_one_owner_is_first_come_first_served():
 
 def test_a_single_request_waits_at_most_one_turn_behind_a_user_with_twenty():
     queue = queue_of(*(Item(f"a{n}", "alice") for n in range(20)), Item("b0", "bob"))
-    assert queue.index(queue[1]) == 1 and queue[1].name == "b0"
+    assert queue.index(queue[1]) == 1
+    assert queue[1].name == "b0"
     assert take_all(queue)[:3] == ["a0", "b0", "a1"]
 
 
@@ -107,7 +108,8 @@ def test_a_withdrawn_item_leaves_no_gap_and_does_not_count_as_a_turn():
     assert names(queue) == ["a0", "b0", "a1", "b1", "a2"]
     queue.remove(a[0])
     assert names(queue) == ["a1", "b0", "a2", "b1"]
-    assert "a0" not in names(queue) and len(queue) == 4
+    assert "a0" not in names(queue)
+    assert len(queue) == 4
 
 
 def test_forgets_owners_served_before_the_current_turn():
@@ -135,7 +137,8 @@ def test_random_arrivals_withdrawals_and_takes_keep_the_order_rules(seed):
         else:
             told = list(queue)
             first = queue.popleft()
-            assert first is told[0] and list(queue) == told[1:]  # the rest keep their places
+            assert first is told[0]
+            assert list(queue) == told[1:]  # the rest keep their places
             assert all(first.priority >= other.priority for other in told)
             taken.append(first)
         assert [queue.index(item) for item in queue] == list(range(len(queue)))
@@ -251,7 +254,8 @@ def test_cancelling_a_waiting_request_tells_the_others_their_new_places():
     # Alice's turn was not used: her next one takes it, ahead of bob's as a1 was.
     wait_until(lambda: told_places(store, ["a2", "a3"]) == {"a2": 0, "a3": 2}, timeout=10)
     assert told_places(store, ["b1"]) == {"b1": 1}
-    assert len(store.events("a2")) == 3 and len(store.events("a3")) == 3  # each told once more
+    assert len(store.events("a2")) == 3
+    assert len(store.events("a3")) == 3  # each told once more
     assert wait_for_terminal(store, "a1")[-1].data["status"] == "stopped"
     engine.cancel("long")
     for name in ("b1", "a2", "a3"):

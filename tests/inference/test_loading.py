@@ -72,8 +72,10 @@ def test_cache_miss_converts_into_a_folder_named_by_sha256(source, tmp_path):
     model, tokenizer = cached_conversion(source, tmp_path / "cache", convert, load_cpu)
     entry = tmp_path / "cache" / file_sha256(source)
     assert convert.calls == 1
-    assert (entry / COMPLETE_MARKER).exists() and (entry / "model.safetensors").exists()
-    assert model.config.hidden_size == 16 and tokenizer.eos_token == "</s>"
+    assert (entry / COMPLETE_MARKER).exists()
+    assert (entry / "model.safetensors").exists()
+    assert model.config.hidden_size == 16
+    assert tokenizer.eos_token == "</s>"
 
 
 def test_cache_hit_loads_without_converting(source, tmp_path):
@@ -109,7 +111,8 @@ def test_changed_source_gets_its_own_cache_entry(source, tmp_path):
     cached_conversion(source, tmp_path / "cache", convert, load_cpu)
     source.write_text(json.dumps({"vocab": 40}))
     model, _ = cached_conversion(source, tmp_path / "cache", convert, load_cpu)
-    assert convert.calls == 2 and model.config.vocab_size == 40
+    assert convert.calls == 2
+    assert model.config.vocab_size == 40
 
 
 def test_tiny_model_generates_through_the_transformers_generator(source, tmp_path):
@@ -122,7 +125,8 @@ def test_tiny_model_generates_through_the_transformers_generator(source, tmp_pat
         pieces.append,
         lambda: False,
     )
-    assert outcome.completion_tokens >= 1 and outcome.prompt_tokens == 2
+    assert outcome.completion_tokens >= 1
+    assert outcome.prompt_tokens == 2
     assert outcome.finish_reason in {"stop", "length"}
 
 
@@ -154,10 +158,13 @@ def test_quantizing_without_bitsandbytes_is_refused_naming_the_package(monkeypat
 def test_quantization_settings_become_bitsandbytes_configurations(monkeypatch):
     monkeypatch.setattr("importlib.util.find_spec", lambda name: object())  # as if installed
     four = quantization_config("bnb-4bit", torch.device("cuda"), torch.bfloat16)
-    assert four.load_in_4bit and four.bnb_4bit_quant_type == "nf4" and four.bnb_4bit_use_double_quant
+    assert four.load_in_4bit
+    assert four.bnb_4bit_quant_type == "nf4"
+    assert four.bnb_4bit_use_double_quant
     assert four.bnb_4bit_compute_dtype == torch.bfloat16
     eight = quantization_config("bnb-8bit", torch.device("cuda:1"), torch.bfloat16)
-    assert eight.load_in_8bit and not eight.load_in_4bit
+    assert eight.load_in_8bit
+    assert not eight.load_in_4bit
     with pytest.raises(ValueError, match="bnb-2bit"):
         quantization_config("bnb-2bit", torch.device("cuda"), torch.bfloat16)
 
@@ -192,4 +199,5 @@ def test_concurrent_first_loads_convert_once(source, tmp_path):
     for thread in threads:
         thread.join(60)
     assert convert.calls == 1
-    assert len(results) == 3 and all(model.config.hidden_size == 16 for model, _ in results)
+    assert len(results) == 3
+    assert all(model.config.hidden_size == 16 for model, _ in results)

@@ -50,13 +50,15 @@ def alone(smollm):
 
 def static_batch(smollm, *, max_rows: int = 8, row_tokens: int = 256) -> StaticBatch:
     batch = open_batch(smollm, max_rows=max_rows, cuda_graphs="1", row_tokens=row_tokens)
-    assert isinstance(batch, StaticBatch) and not batch.cuda_graphs  # no CUDA here: eager
+    assert isinstance(batch, StaticBatch)
+    assert not batch.cuda_graphs  # no CUDA here: eager
     return batch
 
 
 def test_rows_are_padded_up_to_power_of_two_buckets():
     assert [row_bucket(n) for n in (1, 2, 3, 5, 8, 9, 200, 256)] == [1, 2, 4, 8, 8, 16, 256, 256]
-    assert row_bucket(257) == 512 and row_bucket(512) == 512
+    assert row_bucket(257) == 512
+    assert row_bucket(512) == 512
 
 
 def test_auto_keeps_the_dynamic_path_on_a_cpu_and_1_takes_the_static_one(smollm):
@@ -172,8 +174,11 @@ def test_a_step_failing_for_every_row_ends_them_with_their_text_and_the_engine_g
 
     for name, events in ended.items():
         streamed = "".join(e.data["delta"] for e in events if e.type == "token")
-        assert events[-1].type == "error" and events[-1].data["message"] == failure_message(name)
-        assert streamed and results[name].text == streamed and results[name].status == "error"
+        assert events[-1].type == "error"
+        assert events[-1].data["message"] == failure_message(name)
+        assert streamed
+        assert results[name].text == streamed
+        assert results[name].status == "error"
     assert str(error) in caplog.text  # the cause is in the log, not in what clients see
     # The engine lives on: the next request is answered in full.
     engine.submit(Job("next", chat(PROMPTS[0]), greedy(12)))
@@ -208,7 +213,8 @@ def test_a_row_failing_alone_on_the_static_path_leaves_and_the_others_go_on(smol
     while len(batch):
         outcomes.update(batch.step())
 
-    assert isinstance(outcomes[sequences["short"]], RuntimeError) and texts["short"]
+    assert isinstance(outcomes[sequences["short"]], RuntimeError)
+    assert texts["short"]
     assert "".join(texts["long"]) == expected
 
 
@@ -221,7 +227,8 @@ def test_a_batch_that_cannot_be_set_up_fails_each_job_and_the_engine_says_why(st
     try:
         engine.submit(Job("a", chat("Hi"), greedy(4)))
         events = wait_for_terminal(stream_store, "a", timeout=60)
-        assert events[-1].type == "error" and events[-1].data["message"] == failure_message("a")
+        assert events[-1].type == "error"
+        assert events[-1].data["message"] == failure_message("a")
         assert "OutOfMemoryError" in (engine.load_error or "")
     finally:
         engine.stop(timeout=10)

@@ -233,8 +233,10 @@ def test_append_many_numbers_each_stream_in_order_and_reports_refusals(store):
          ("gone", "token", {"delta": "?"}), ("ended", "token", {"delta": "late"}), ("b", "done", {})]
     )  # fmt: skip
 
-    assert results[:3] == [1, 1, 2] and results[5] == 2
-    assert isinstance(results[3], StreamNotFound) and isinstance(results[4], ValueError)
+    assert results[:3] == [1, 1, 2]
+    assert results[5] == 2
+    assert isinstance(results[3], StreamNotFound)
+    assert isinstance(results[4], ValueError)
     assert [e.data for e in store.events("a")] == [{"delta": "1"}, {"delta": "2"}]
     assert store.events("b")[-1].terminal
 
@@ -298,7 +300,8 @@ async def test_events_that_arrive_together_come_as_one_batch(store):
 
     batches = [batch async for batch in store.read("s")]
 
-    assert len(batches) == 1 and len(batches[0]) == 7
+    assert len(batches) == 1
+    assert len(batches[0]) == 7
 
 
 async def test_events_that_arrive_while_a_reader_is_busy_come_as_one_batch(store):
@@ -343,7 +346,8 @@ def test_cancel_flag_is_per_stream(store):
 
     assert not store.is_cancelled("a")
     assert store.cancel("a") is True
-    assert store.is_cancelled("a") and not store.is_cancelled("b")
+    assert store.is_cancelled("a")
+    assert not store.is_cancelled("b")
     assert store.cancel("unknown") is False
 
 
@@ -354,7 +358,8 @@ def test_cancelled_among_answers_for_many_streams_at_once(store):
     store.cancel("c")
     assert store.cancelled_among(["a", "b", "c", "unknown"]) == {"a", "c"}
     assert store.cancelled_among([]) == set()
-    assert not store.is_cancelled("unknown") and not store.exists("unknown")
+    assert not store.is_cancelled("unknown")
+    assert not store.exists("unknown")
 
 
 def test_a_stream_is_claimed_once_while_open(store):
@@ -367,7 +372,8 @@ def test_a_stream_is_claimed_once_while_open(store):
     assert store.claim("open", "worker-b") is False  # a task delivered twice
     assert store.claim("ended", "worker-a") is False  # settled while its task waited
     assert store.claim("cancelled", "worker-a") is True
-    assert store.claim("unknown", "worker-a") is False and not store.exists("unknown")
+    assert store.claim("unknown", "worker-a") is False
+    assert not store.exists("unknown")
     assert store.claimants(["open", "ended", "cancelled", "unknown"]) == {"open": "worker-a", "cancelled": "worker-a"}
     assert store.claimants([]) == {}
 
@@ -376,7 +382,8 @@ def test_producer_heartbeat_is_alive_until_its_ttl_passes(store):
     assert not store.producer_alive("engine-1")
     store.beat("engine-1", 0.2)
 
-    assert store.producer_alive("engine-1") and not store.producer_alive("engine-2")
+    assert store.producer_alive("engine-1")
+    assert not store.producer_alive("engine-2")
     time.sleep(0.3)
     assert not store.producer_alive("engine-1")
     store.beat("engine-1", 5)
@@ -392,7 +399,8 @@ def test_finished_in_memory_streams_expire_after_retention(monkeypatch):
     monkeypatch.setattr("inference.streams.time.monotonic", lambda: clock)
     store.create("new")
     assert not store.exists("old")
-    assert store.exists("running") and store.exists("new")
+    assert store.exists("running")
+    assert store.exists("new")
 
 
 def test_in_memory_streams_expire_in_the_order_they_finished_each_after_its_own_retention(monkeypatch):
@@ -406,10 +414,13 @@ def test_in_memory_streams_expire_in_the_order_they_finished_each_after_its_own_
     store.append("second", "error", {"message": "x"})
     clock[0] += 6  # the first is 11 s past its end, the second 6 s
     assert store.expire_finished() == 1
-    assert not store.exists("first") and store.exists("second") and store.exists("running")
+    assert not store.exists("first")
+    assert store.exists("second")
+    assert store.exists("running")
     clock[0] += 5
     assert store.expire_finished() == 1
-    assert not store.exists("second") and store.exists("running")
+    assert not store.exists("second")
+    assert store.exists("running")
     assert store.expire_finished() == 0
 
 
@@ -422,7 +433,8 @@ def test_finished_redis_streams_expire_after_retention(redis_prefix):
     client = redis.Redis.from_url(REDIS_URL)
 
     # Unfinished streams get a generous TTL, so an abandoned one still goes away one day.
-    assert client.ttl(store.meta_key("running")) > 3600 and client.ttl(store.stream_key("running")) > 3600
+    assert client.ttl(store.meta_key("running")) > 3600
+    assert client.ttl(store.stream_key("running")) > 3600
     assert 0 < client.pttl(store.stream_key("old")) <= 1000
     time.sleep(1.5)
 
@@ -451,7 +463,8 @@ async def test_two_redis_stores_on_one_prefix_share_events_and_cancel_flag(redis
     assert [e.seq for e in events] == [1, 2, 3, 4]
     assert events == engine.events("s") == web.events("s")
     web.create("t")
-    assert web.cancel("t") and engine.is_cancelled("t")
+    assert web.cancel("t")
+    assert engine.is_cancelled("t")
     assert not engine.is_cancelled("s")
     engine.beat("engine-1", 5)
     assert web.producer_alive("engine-1")

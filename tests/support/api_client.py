@@ -45,7 +45,8 @@ def sse(response) -> list[tuple[str | None, str]]:
 def assert_error(response, status: int, code: str | None, param: str | None = None) -> dict:
     assert response.status_code == status, response.content
     error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["message"]
     assert error["code"] == code
     if param:
         assert error["param"] == param

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from contextlib import ExitStack
 from pathlib import Path
 
-from tests.livesite import ROOT, LiveSite, manage
+from tests.support.livesite import ROOT, LiveSite, manage
 
 
 class LiveSites:

@@ -29,7 +29,7 @@ from aiohttp import web
 
 from inference.loading import COMPLETE_MARKER, assemble_gguf
 from inference.registry import resolve_model
-from tests.livesite import ROOT, free_port, stop_process
+from tests.support.livesite import ROOT, free_port, stop_process
 
 APP_MODEL = "smollm2-135m-instruct"
 PAGE_SIZE = 256  # tokens per KV-cache block: ContinuousBatchingConfig's default
