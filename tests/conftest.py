@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import uuid
 from asyncio import events as asyncio_events
 from collections.abc import Iterator
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings as django_settings
-from django.test import Client
+from django.test import Client, override_settings
 
 from accounts import rate_limit
 from accounts.models import DEFAULT_PLAN, Plan
@@ -19,12 +20,31 @@ from inference.generators import Generator, SyntheticGenerator, load_generator
 from inference.registry import resolve_model
 from inference.streams import InMemoryStreamStore
 from infrastructure.database import close_connections
-from tests.support.livesite import STARTED, LiveSite
 from tests.support import PASSWORD
 from tests.support.engines import install_engine
+from tests.support.livesite import STARTED, LiveSite
 from tests.support.sites import LiveSites
 
 E2E = Path(__file__).resolve().parent / "e2e"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    share_the_cores()
+
+
+def share_the_cores() -> None:
+    """Give each xdist worker's torch, and the processes its tests start, its share of the
+    cores. With torch's default of one thread per core, two workers put four busy threads
+    on two cores; OpenMP's waiting threads spin, and the real-model tests of
+    tests/inference/test_batching.py and test_static_batch.py took 72 s instead of 50
+    (`-n 2`, 2 cores). An OMP_NUM_THREADS already set is kept."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers < 2 or "OMP_NUM_THREADS" in os.environ:
+        return
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # read by torch as it loads, here or in a child
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -39,6 +59,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.browser)
         elif item.get_closest_marker("django_db") or item.get_closest_marker("e2e"):
             item.add_marker(pytest.mark.services)
+    heaviest_modules_first(items)
+
+
+def heaviest_modules_first(items: list[pytest.Item]) -> None:
+    """Order modules by how long they take, roughly: with `--dist loadfile` each worker
+    takes the next module when it is free, so a heavy module collected last leaves the
+    other worker idle while it runs. Browser and slow modules first, then the other e2e
+    ones, then those with the real model, then the rest; within each, the usual order."""
+
+    def weight(item: pytest.Item) -> int:
+        if item.get_closest_marker("browser") or item.get_closest_marker("slow"):
+            return 0
+        if item.get_closest_marker("e2e"):
+            return 1
+        return 2 if "smollm" in getattr(item, "fixturenames", ()) else 3
+
+    modules: dict[Path, int] = {}
+    for item in items:
+        modules[item.path] = min(modules.get(item.path, 3), weight(item))
+    order = {path: index for index, path in enumerate(modules)}
+    items.sort(key=lambda item: (modules[item.path], order[item.path]))
 
 
 @pytest.fixture(scope="session")
@@ -51,6 +92,15 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix) -
         test["NAME"] = f"{test['NAME']}-{os.getpid()}"
     else:
         test["NAME"] = f"{test.get('NAME') or 'test_' + database['NAME']}_{os.getpid()}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _a_fast_password_hasher() -> Iterator[None]:
+    """Django's advice for test suites: PBKDF2 costs about half a second per password on
+    this kind of machine, paid for each user a test makes and each log-in. The live
+    sites run with the real hashers (their own settings)."""
+    with override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"]):
+        yield
 
 
 @pytest.fixture(scope="session", autouse=True)
