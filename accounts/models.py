@@ -12,6 +12,8 @@ from django.db import models
 from django.db.models import Case, F, Sum, When
 from django.utils import timezone
 
+from inference.streams import GenerationStatus as CoreStatus
+
 DEFAULT_PLAN = "default"
 KEY_PREFIX = "cs-"
 
@@ -132,11 +134,12 @@ class ApiKey(models.Model):
 class GenerationStatus(models.TextChoices):
     """Where a generation stands: its usage record's status and its chat answer's alike."""
 
-    STREAMING = "streaming"
-    COMPLETE = "complete"
-    STOPPED = "stopped"
-    ERROR = "error"
-    INTERRUPTED = "interrupted"
+    # The names are the core's (inference.streams), which saves none of them itself.
+    STREAMING = CoreStatus.STREAMING.value
+    COMPLETE = CoreStatus.COMPLETE.value
+    STOPPED = CoreStatus.STOPPED.value
+    ERROR = CoreStatus.ERROR.value
+    INTERRUPTED = CoreStatus.INTERRUPTED.value
 
 
 class CacheOutcome(models.TextChoices):

@@ -35,6 +35,7 @@ from inference.backend import GenerationTask, LedgerVerdict
 from inference.engine import EngineOverloaded, GenerationResult, Job
 from inference.generators import ContextLengthExceeded, GenerationParams, Prompt, UnfitPrompt, check_prompt
 from inference.registry import UnknownModel
+from inference.streams import GenerationStatus
 from infrastructure import logs
 
 logger = logging.getLogger(__name__)
@@ -224,7 +225,7 @@ def _answer_from_cache(task: GenerationTask, answer: CachedAnswer, *, prompt_tok
         )
     result = GenerationResult(
         text=answer.text,
-        status="complete",
+        status=GenerationStatus.COMPLETE,
         finish_reason=answer.finish_reason,
         prompt_tokens=prompt_tokens,
         completion_tokens=0,  # the ledger's figures: a cached answer generates nothing
@@ -531,7 +532,7 @@ def conversation_save_title(conversation_id: uuid.UUID, replacing: str, result: 
     """Save a generated title, unless the conversation was renamed meanwhile or the model's
     attempt is no title (then the first prompt's words stay)."""
     # A title that ran into the token limit was cut off mid-phrase.
-    finished = result.status == "complete" and result.finish_reason == "stop"
+    finished = result.status == GenerationStatus.COMPLETE and result.finish_reason == "stop"
     title = clean_title(result.text) if finished else ""
     if title:
         # update() leaves updated_at alone: a new title does not move the conversation up.

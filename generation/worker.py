@@ -26,7 +26,7 @@ from generation.backends.router import InProcessBackend
 from generation.services import generation_cancel, generation_claims
 from inference.backend import GenerationTask
 from inference.engine import EngineOverloaded, GenerationResult
-from inference.streams import PRODUCER_BEAT_S, PRODUCER_BEAT_TTL_S
+from inference.streams import PRODUCER_BEAT_S, PRODUCER_BEAT_TTL_S, GenerationStatus
 from infrastructure.metrics import export_loads
 
 logger = logging.getLogger(__name__)
@@ -145,7 +145,9 @@ def generate(task: GenerationTask) -> str:
     try:
         engine.submit(job)
     except EngineOverloaded as error:  # more than this worker's queue: admission allowed for more workers
-        refused = GenerationResult(text="", status="error", finish_reason="error", error=f"Overloaded: {error}")
+        refused = GenerationResult(
+            text="", status=GenerationStatus.ERROR, finish_reason="error", error=f"Overloaded: {error}"
+        )
         assert job.on_finish is not None
         job.on_finish(refused)
         store.append(task.stream_id, "error", {"message": refused.error, **refused.summary()})

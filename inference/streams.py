@@ -13,6 +13,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Protocol
 
 TERMINAL_EVENTS = frozenset({"done", "error"})
@@ -27,12 +28,23 @@ PRODUCER_BEAT_S = 2.0
 PRODUCER_BEAT_TTL_S = 3 * PRODUCER_BEAT_S
 
 
+class GenerationStatus(StrEnum):
+    """Where a generation stands: a result's status, and its saved records' (the usage
+    record's and the chat answer's, accounts.models)."""
+
+    STREAMING = "streaming"
+    COMPLETE = "complete"
+    STOPPED = "stopped"  # by its reader (Stop); one ended by a stop sequence is COMPLETE
+    ERROR = "error"
+    INTERRUPTED = "interrupted"  # its producer stopped or died; the text so far is kept
+
+
 def interrupted_event(**data: Any) -> tuple[str, dict[str, Any]]:
     """The terminal event of an answer whose producer could not finish it (its process
     stopped, or it died and was reaped): an `error` that readers know by its message,
     "interrupted", after which the saved answer holds the text written so far. Every
     producer and the reaper end such a stream with this one event."""
-    return "error", {"message": "interrupted", **data, "status": "interrupted"}
+    return "error", {"message": "interrupted", **data, "status": GenerationStatus.INTERRUPTED}
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from generation.backends.response_cache import response_cache_fill
 from generation.models import Message
 from inference.backend import GenerationTask
 from inference.engine import GenerationResult, Job
+from inference.streams import GenerationStatus
 from infrastructure.database import on_database_thread
 from infrastructure.logs import log_generation
 from infrastructure.metrics import observe_generation
@@ -68,7 +69,7 @@ def _result_save(task: GenerationTask, result: GenerationResult) -> None:
     usage_finish(stream_id=task.stream_id, usage_estimated=result.usage_estimated, **result.outcome_fields())
     if task.message_id is not None:
         message_finish(task.message_id, result)
-        if result.status == "complete" and settings.CHAT_AUTO_TITLE:
+        if result.status == GenerationStatus.COMPLETE and settings.CHAT_AUTO_TITLE:
             _title_if_first(task.message_id)
 
 

@@ -49,7 +49,7 @@ import aiohttp
 from inference.backend import LedgerVerdict
 from inference.engine import INTERRUPTED, EngineOverloaded, GenerationResult, Job, failure_message
 from inference.fair_queue import FairQueue
-from inference.streams import PRODUCER_BEAT_S, PRODUCER_BEAT_TTL_S, StreamStore, interrupted_event
+from inference.streams import PRODUCER_BEAT_S, PRODUCER_BEAT_TTL_S, GenerationStatus, StreamStore, interrupted_event
 from inference.upstream.endpoints import Circuit, Endpoint, EndpointState, NoEndpointAvailable, UpstreamFailed
 from inference.upstream.wire import client_session, estimate_tokens, json_chunks, openai_tool_call_deltas
 
@@ -567,13 +567,13 @@ class UpstreamPool:
             completion_tokens = min(completion_tokens, run.max_tokens or completion_tokens)
         started = run.job.submitted_at
         if failure is not None:
-            status, finish_reason, error = "error", "error", str(failure)
+            status, finish_reason, error = GenerationStatus.ERROR, "error", str(failure)
         elif run.interrupted:
-            status, finish_reason, error = "interrupted", "error", INTERRUPTED
+            status, finish_reason, error = GenerationStatus.INTERRUPTED, "error", INTERRUPTED
         elif run.finish_reason == "cancelled":
-            status, finish_reason, error = "stopped", "cancelled", ""
+            status, finish_reason, error = GenerationStatus.STOPPED, "cancelled", ""
         else:
-            status, finish_reason, error = "complete", run.finish_reason, ""
+            status, finish_reason, error = GenerationStatus.COMPLETE, run.finish_reason, ""
         result = GenerationResult(
             text=text,
             status=status,
@@ -598,7 +598,7 @@ class UpstreamPool:
         if failure is not None:
             data = {"message": result.error, "status_code": failure.status, "code": failure.code, **summary}
             self._append(job.stream_id, "error", data)
-        elif result.status == "interrupted":  # as the engine's and the reaper's
+        elif result.status == GenerationStatus.INTERRUPTED:  # as the engine's and the reaper's
             self._append(job.stream_id, *interrupted_event(**summary))
         else:
             self._append(job.stream_id, "done", summary)
