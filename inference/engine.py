@@ -16,14 +16,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from inference.batching import Sequence, open_batch
 from inference.fair_queue import FairQueue
 from inference.generators import GenerationOutcome, GenerationParams, Generator, Prompt, UnfitPrompt
-from inference.streams import PRODUCER_BEAT_S, PRODUCER_BEAT_TTL_S, StreamStore, interrupted_event
+from inference.streams import PRODUCER_BEAT_S, PRODUCER_BEAT_TTL_S, GenerationStatus, StreamStore, interrupted_event
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ Event = tuple[str, str, dict[str, Any]]
 @dataclass(frozen=True)
 class GenerationResult:
     text: str
-    status: str  # "complete" | "stopped" | "error" | "interrupted" (Engine.shut_down)
+    status: GenerationStatus  # not STREAMING: a result is final
     finish_reason: str
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -188,6 +188,9 @@ def failure_message(reference: str) -> str:
 
 
 SCHEDULERS = ("batched", "sequential")
+# For tests, as Celery's task_always_eager: each job runs to its end inside submit(), in
+# the caller's thread, and its saves with it (not a setting: a server never runs so).
+EAGER = "eager"
 
 # An answer the server's shutdown cut short (Engine.shut_down; the reaper's, for a dead process).
 INTERRUPTED = "The server stopped while this answer was being written."
@@ -244,14 +247,14 @@ class _Run:
         finish_reason = "stop" if self.stop.matched else outcome.finish_reason
         if finish_reason == "cancelled" and self._interrupted():
             return self._result(
-                status="interrupted",
+                status=GenerationStatus.INTERRUPTED,
                 finish_reason="error",
                 error=INTERRUPTED,
                 prompt_tokens=outcome.prompt_tokens,
                 completion_tokens=outcome.completion_tokens,
             )
         return self._result(
-            status="stopped" if finish_reason == "cancelled" else "complete",
+            status=GenerationStatus.STOPPED if finish_reason == "cancelled" else GenerationStatus.COMPLETE,
             finish_reason=finish_reason,
             prompt_tokens=outcome.prompt_tokens,
             completion_tokens=outcome.completion_tokens,
@@ -259,8 +262,8 @@ class _Run:
 
     def cancelled_before_start(self) -> GenerationResult:
         if self._interrupted():
-            return self._result(status="interrupted", finish_reason="error", error=INTERRUPTED)
-        return self._result(status="stopped", finish_reason="cancelled")
+            return self._result(status=GenerationStatus.INTERRUPTED, finish_reason="error", error=INTERRUPTED)
+        return self._result(status=GenerationStatus.STOPPED, finish_reason="cancelled")
 
     def _interrupted(self) -> bool:
         """Stopped by the server's shutdown, not by its reader."""
@@ -268,9 +271,11 @@ class _Run:
 
     def failed(self, error: Exception) -> GenerationResult:
         if isinstance(error, UnfitPrompt):
-            return self._result(status="error", finish_reason="error", error=str(error))
+            return self._result(status=GenerationStatus.ERROR, finish_reason="error", error=str(error))
         logger.error("Generation %s failed", self.job.stream_id, exc_info=error)
-        return self._result(status="error", finish_reason="error", error=failure_message(self.job.stream_id))
+        return self._result(
+            status=GenerationStatus.ERROR, finish_reason="error", error=failure_message(self.job.stream_id)
+        )
 
     def _result(self, **kwargs: Any) -> GenerationResult:
         # Timed from submission: time spent waiting in the queue is part of what users wait.
@@ -307,7 +312,7 @@ class Engine:
         cuda_graphs: str = "0",
         slot_tokens: int = 4096,
     ) -> None:
-        if scheduler not in SCHEDULERS:
+        if scheduler not in (*SCHEDULERS, EAGER):
             raise ValueError(f"scheduler must be one of {SCHEDULERS}, not {scheduler!r}")
         self._loading = BackgroundLoad(load, what="model")
         self.store = store
@@ -331,7 +336,11 @@ class Engine:
         self._workers: list[threading.Thread] = []
         # Saves and terminal events go out in order on their own thread, so that a slow
         # database never holds up the decoding step of every generation in the batch.
-        self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chatsite-finish")
+        self._finisher: Executor = (
+            _InTheCallersThread()
+            if scheduler == EAGER
+            else ThreadPoolExecutor(max_workers=1, thread_name_prefix="chatsite-finish")
+        )
 
     @property
     def generator(self) -> Generator | None:
@@ -403,12 +412,18 @@ class Engine:
             elif self._free > 0:
                 self._free -= 1  # promised to one waiting worker, woken here
                 self._job_ready.notify()
+            elif self.scheduler == EAGER:
+                pass  # run below, once the lock is released
             elif len(self._workers) < self.max_concurrent:
                 worker = threading.Thread(target=self._work, name=f"chatsite-worker-{len(self._workers)}", daemon=True)
                 self._workers.append(worker)
                 worker.start()
         self._publish_status(news)
         self.start()
+        if self.scheduler == EAGER:
+            self._loading.wait()
+            for taken in self._take(1, wait=False) or []:
+                self._generate_alone(taken)
 
     def cancel(self, stream_id: str) -> bool:
         return self.store.cancel(stream_id)
@@ -538,18 +553,22 @@ class Engine:
         """A sequential worker: one generate() call at a time."""
         self._loading.wait()
         while jobs := self._take(1, wait=True):
-            run = _Run(jobs[0], self)
-            try:
-                if self.generator is None:
-                    raise RuntimeError(f"the model is not loaded ({self.load_error})")
-                if run.poll_cancelled():  # cancelled while waiting in the queue
-                    final = run.cancelled_before_start()
-                else:
-                    outcome = self.generator.generate(run.job.prompt, run.job.params, run.on_token, run.poll_cancelled)
-                    final = run.finished(outcome)
-            except Exception as error:
-                final = run.failed(error)
-            self._finish(run, final).result()
+            self._generate_alone(jobs[0])
+
+    def _generate_alone(self, job: Job) -> None:
+        """One job's own generate() call, then its result saved and its terminal event."""
+        run = _Run(job, self)
+        try:
+            if self.generator is None:
+                raise RuntimeError(f"the model is not loaded ({self.load_error})")
+            if run.poll_cancelled():  # cancelled while waiting in the queue
+                final = run.cancelled_before_start()
+            else:
+                outcome = self.generator.generate(run.job.prompt, run.job.params, run.on_token, run.poll_cancelled)
+                final = run.finished(outcome)
+        except Exception as error:
+            final = run.failed(error)
+        self._finish(run, final).result()
 
     def _batch_loop(self) -> None:
         """The batched scheduler: one thread stepping every running generation together."""
@@ -643,9 +662,9 @@ class Engine:
         with self._lock:
             self.active -= 1
             self.generated_tokens += final.completion_tokens
-        if final.status == "interrupted":  # as the reaper tells a dead process's readers
+        if final.status == GenerationStatus.INTERRUPTED:  # as the reaper tells a dead process's readers
             self._append_quietly(job.stream_id, *interrupted_event(**final.summary()))
-        elif final.status == "error":
+        elif final.status == GenerationStatus.ERROR:
             self._append_quietly(job.stream_id, "error", {"message": final.error, **final.summary()})
         else:
             self._append_quietly(job.stream_id, "done", final.summary())
@@ -655,6 +674,18 @@ class Engine:
             self.store.append(stream_id, type, data)
         except Exception:  # e.g. Redis unreachable: the engine must live on
             logger.exception("Could not publish %s to stream %s", type, stream_id)
+
+
+class _InTheCallersThread(Executor):
+    """The eager scheduler's finisher: each save runs as it is handed over."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        done: Future[Any] = Future()
+        try:
+            done.set_result(fn(*args, **kwargs))
+        except BaseException as error:
+            done.set_exception(error)
+        return done
 
 
 def _call_safely(callback: Callable[[Any], None], argument: Any) -> None:

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from functools import partial
 from typing import Any, ParamSpec, TypeVar
 
+from asgiref.sync import sync_to_async
 from django.db import DatabaseError, connections
 
 from infrastructure import logs
@@ -32,6 +34,22 @@ T = TypeVar("T")
 THREADS = 4
 THREAD_NAME = "chatsite-db"
 _threads = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix=THREAD_NAME)
+_on_callers_thread = False  # on_the_callers_thread()
+
+
+@contextmanager
+def on_the_callers_thread() -> Iterator[None]:
+    """For tests whose transaction rolls back: while it lasts, the work given to the
+    database threads runs on the caller's thread instead (an async caller's: Django's
+    thread for sync work), whose connection holds the test's transaction, so that what
+    the work saves is seen by the test and rolled back with it. With an eager engine
+    (inference.engine, scheduler "eager") a whole generation then runs there."""
+    global _on_callers_thread
+    _on_callers_thread = True
+    try:
+        yield
+    finally:
+        _on_callers_thread = False
 
 
 async def in_database_thread(work: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
@@ -41,6 +59,8 @@ async def in_database_thread(work: Callable[P, T], /, *args: P.args, **kwargs: P
     thread's own context holds its database connection, which must outlive the request.
     The request's log fields are carried over by hand.
     """
+    if _on_callers_thread:
+        return await sync_to_async(work, thread_sensitive=True)(*args, **kwargs)
     task = partial(_run, logs.request_fields(), partial(work, *args, **kwargs))
     return await asyncio.get_running_loop().run_in_executor(_threads, task)
 
@@ -48,6 +68,8 @@ async def in_database_thread(work: Callable[P, T], /, *args: P.args, **kwargs: P
 def on_database_thread(work: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
     """`work(*args, **kwargs)` on one of the database threads, from a thread that waits for
     it (an engine's finisher: its saves stay in order)."""
+    if _on_callers_thread:
+        return work(*args, **kwargs)
     return _threads.submit(_run, logs.request_fields(), partial(work, *args, **kwargs)).result()
 
 

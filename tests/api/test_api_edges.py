@@ -18,8 +18,11 @@ from inference.engine import failure_message
 from inference.generators import SYNTHETIC_TEXT
 from inference.upstream import PASSTHROUGH_FIELDS
 from tests.support.api_client import CHAT, MODEL, RATE_HEADERS, assert_error, get, post, sse
+from tests.support.chat import eager_engine, fast_engine_run_eagerly
 
-pytestmark = pytest.mark.django_db(transaction=True)
+__all__ = ["eager_engine", "fast_engine_run_eagerly"]  # fixtures, used by name
+
+pytestmark = pytest.mark.django_db
 
 TEXT = {"model": MODEL, "prompt": "Once upon a time"}
 SECRET = "secret-7f3a"

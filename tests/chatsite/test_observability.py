@@ -18,9 +18,12 @@ from accounts.services import api_key_create
 from chatsite.observability import RequestLog, route_of
 from infrastructure import logs
 from tests.support.api_client import CHAT, post
+from tests.support.chat import eager_engine, fast_engine_run_eagerly
 
 # The engine's thread saves the usage record: it must see the test's rows.
-pytestmark = pytest.mark.django_db(transaction=True)
+__all__ = ["eager_engine", "fast_engine_run_eagerly"]  # fixtures, used by name
+
+pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture

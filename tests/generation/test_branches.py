@@ -12,12 +12,12 @@ from django.urls import reverse
 from generation import services
 from generation.models import Conversation, Message
 from generation.selectors import MessageTree, thread
-from tests.support.chat import HTMX, answered, fast_engine, newest_answer, seen, settle
+from tests.support.chat import HTMX, answered, eager_engine, fast_engine_run_eagerly, newest_answer, seen, settle
 
-__all__ = ["fast_engine", "seen"]  # fixtures, used by name
+__all__ = ["eager_engine", "fast_engine_run_eagerly", "seen"]  # fixtures, used by name
 
 # The engine thread saves answers on its own connection: no test-wide transaction.
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 def contents(conversation: Conversation) -> list[str]:
@@ -155,6 +155,7 @@ def test_messages_written_without_a_parent_continue_the_branch_shown(alice):
     assert contents(conversation) == ["Q1", "A1", "Q2", "A2", "Q3"]
 
 
+@pytest.mark.django_db(transaction=True)  # migrations cannot run inside the test's transaction
 def test_the_migration_keeps_existing_conversations_linear_with_regenerated_answers_as_versions(django_user_model):
     before = [("generation", "0005_message_sources_from_cache")]  # the migration before the branches
     executor = MigrationExecutor(connection)

@@ -9,13 +9,17 @@ from generation.forms import MAX_PROMPT_CHARS
 from generation.models import Conversation, Message
 from inference.engine import EngineOverloaded
 from tests.support import PASSWORD
+from tests.support.chat import eager_engine, fast_engine_run_eagerly
 from tests.support.engines import wait_for_terminal
 
-pytestmark = pytest.mark.django_db(transaction=True)
+__all__ = ["eager_engine", "fast_engine_run_eagerly"]  # fixtures, used by name
+
+pytestmark = pytest.mark.django_db
 
 HTMX = {"HTTP_HX_REQUEST": "true"}
 
 
+@pytest.mark.django_db(transaction=True)  # the real model's engine saves on its own threads
 def test_sign_up_chat_stream_and_the_answer_is_saved(client, real_engine, monkeypatch):
     monkeypatch.setattr(Conversation._meta.get_field("max_tokens"), "default", 16)
     response = client.post(

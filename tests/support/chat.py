@@ -6,7 +6,9 @@ import pytest
 
 from generation import services
 from generation.models import Conversation, Message
+from inference.engine import EAGER
 from inference.generators import SyntheticGenerator
+from infrastructure.database import on_the_callers_thread
 from tests.support.engines import install_engine, wait_for_terminal
 
 HTMX = {"HTTP_HX_REQUEST": "true"}
@@ -23,6 +25,23 @@ def fast_engine(stream_store):
     engine = install_engine(stream_store, SyntheticGenerator(tokens_per_s=50, answer_words=12))
     yield engine
     engine.stop(timeout=10)
+
+
+@pytest.fixture
+def eager_engine(stream_store):
+    """The synthetic model, 12 words an answer, run eagerly: each answer is written, saved
+    and ended inside the request that starts it, on the test's thread and its database
+    connection, so the test's transaction rolls back with it (no `transaction=True`)."""
+    engine = install_engine(stream_store, SyntheticGenerator(tokens_per_s=100_000, answer_words=12), scheduler=EAGER)
+    with on_the_callers_thread():
+        yield engine
+    engine.stop(timeout=10)
+
+
+@pytest.fixture(name="fast_engine")
+def fast_engine_run_eagerly(eager_engine):
+    """`fast_engine` for a module whose transactions roll back: import this instead."""
+    return eager_engine
 
 
 @pytest.fixture
