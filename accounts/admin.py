@@ -13,12 +13,14 @@ from django.contrib.admin.views.main import ERROR_FLAG, ORDER_VAR, PAGE_VAR
 from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
+from django.db import models
 from django.db.models import F, Max, QuerySet, Sum
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 
+from accounts.forms import ModelNamesField
 from accounts.key_cache import api_access_changed
 from accounts.models import Account, ApiKey, Plan, UsageDay, UsageRecord
 from accounts.services import api_key_revoke, usage_recount
@@ -31,6 +33,8 @@ DOCUMENT_LIMIT_FIELDS = ["max_documents_per_conversation", "max_document_bytes"]
 class ChangesApiAccess(admin.ModelAdmin):
     """An admin whose saves and deletions change who may use an API key, or with what limits:
     each makes every process read its remembered keys afresh (accounts.key_cache)."""
+
+    formfield_overrides = {models.JSONField: {"form_class": ModelNamesField}}  # allowed_models
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         super().save_model(request, obj, form, change)
@@ -51,8 +55,8 @@ class ChangesApiAccess(admin.ModelAdmin):
 
 @admin.register(Plan)
 class PlanAdmin(ChangesApiAccess):
-    list_display = ["name", *LIMIT_FIELDS, "priority", *DOCUMENT_LIMIT_FIELDS]
-    list_editable = [*LIMIT_FIELDS, "priority", *DOCUMENT_LIMIT_FIELDS]
+    list_display = ["name", *LIMIT_FIELDS, "priority", *DOCUMENT_LIMIT_FIELDS, "max_conversations"]
+    list_editable = [*LIMIT_FIELDS, "priority", *DOCUMENT_LIMIT_FIELDS, "max_conversations"]
     search_fields = ["name"]
 
 
@@ -60,7 +64,8 @@ class AccountInline(admin.StackedInline):
     model = Account
     can_delete = False
     max_num = 1
-    fields = ["plan", *LIMIT_FIELDS]
+    fields = ["plan", *LIMIT_FIELDS, "allowed_models"]
+    formfield_overrides = ChangesApiAccess.formfield_overrides
     verbose_name = "plan and limits"
     verbose_name_plural = "plan and limits"
 
@@ -79,7 +84,7 @@ class UserAdmin(ChangesApiAccess, BaseUserAdmin):  # type: ignore[misc]
     inlines = [AccountInline]
     list_display = ["username", "email", "first_name", "last_name", "is_active", "is_staff", "plan", "date_joined"]
     # "Active: No" lists the accounts awaiting approval (CHAT_SIGNUP=approval).
-    list_filter = ["is_active", "is_staff", "is_superuser", "groups", "account__plan"]
+    list_filter = ["is_active", "is_staff", "is_superuser", "groups", "account__plan", "account__is_guest"]
     list_select_related = ["account__plan"]
     actions = ["approve"]
 
@@ -101,7 +106,7 @@ class ApiKeyAdmin(ChangesApiAccess):
     search_fields = ["name", "prefix", "user__username"]
     list_select_related = ["user"]
     # The hash never appears: not in the form, not read-only, not searchable.
-    fields = ["name", "user", "shown_prefix", "created_at", "last_used_at", "revoked_at"]
+    fields = ["name", "user", "shown_prefix", "allowed_models", "created_at", "last_used_at", "revoked_at"]
     exclude = ["hashed"]
     readonly_fields = ["user", "shown_prefix", "created_at", "last_used_at", "revoked_at"]
     actions = ["revoke"]

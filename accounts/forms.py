@@ -53,3 +53,32 @@ class LoginForm(AuthenticationForm):
         username, password = self.cleaned_data.get("username"), self.cleaned_data.get("password")
         user = User.objects.filter(username=username, is_active=False).first()
         return user is not None and password is not None and user.check_password(password)
+
+
+class ModelNamesField(forms.JSONField):
+    """A list of model names (a JSONField's value) edited as plain text, one name per line:
+    an admin writes `gpt-4o-mini`, not `["gpt-4o-mini"]`. Names are kept as written, even
+    of models not served now (a model server may add them later)."""
+
+    MAX_NAMES = 100
+    MAX_NAME_LENGTH = 200
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("widget", forms.Textarea(attrs={"rows": 3, "cols": 40}))
+        super().__init__(**kwargs)
+
+    def to_python(self, value: Any) -> Any:  # a list of names
+        if isinstance(value, list):
+            return value
+        names = list(dict.fromkeys(line.strip() for line in str(value or "").splitlines() if line.strip()))
+        if len(names) > self.MAX_NAMES:
+            raise ValidationError(f"At most {self.MAX_NAMES} models.")
+        if too_long := next((name for name in names if len(name) > self.MAX_NAME_LENGTH), None):
+            raise ValidationError(f"A model name has at most {self.MAX_NAME_LENGTH} characters: {too_long[:40]}…")
+        return names
+
+    def bound_data(self, data: Any, initial: Any) -> Any:
+        return data
+
+    def prepare_value(self, value: Any) -> str:
+        return "\n".join(value) if isinstance(value, list) else str(value or "")

@@ -15,6 +15,19 @@ from django.utils import timezone
 from inference.streams import GenerationStatus as CoreStatus
 
 DEFAULT_PLAN = "default"
+# The plan of guests (CHAT_GUEST): made by migration 0010, its limits editable in the admin.
+GUEST_PLAN = "guest"
+# Its limits when it is made: a taste of the chat, not a free account. Below the default
+# plan's priority, so that guests wait behind members when generations queue.
+GUEST_PLAN_LIMITS = {
+    "requests_per_minute": 5,
+    "tokens_per_day": 5_000,
+    "max_concurrent_streams": 1,
+    "max_tokens_per_request": 256,
+    "priority": -1,
+    "max_documents_per_conversation": 0,
+    "max_conversations": 1,
+}
 KEY_PREFIX = "cs-"
 
 
@@ -38,6 +51,14 @@ class Plan(models.Model):
     max_document_bytes = models.PositiveIntegerField(
         default=2_000_000, help_text="Capped by DATA_UPLOAD_MAX_MEMORY_SIZE, the limit of any request body."
     )
+    # Who may use which model: a disallowed model is, to its users, a model that does not
+    # exist (generation.services.models_for).
+    allowed_models = models.JSONField(
+        default=list, blank=True, help_text="The models this plan's users may use, one per line. Blank: every model."
+    )
+    max_conversations = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Conversations a user of this plan may keep. Blank: no limit."
+    )
 
     class Meta:
         ordering = ["name"]
@@ -52,6 +73,9 @@ class Limits:
     tokens_per_day: int
     max_concurrent_streams: int
     max_tokens_per_request: int
+    # A guest's client address: every guest made from it shares these limits (one request
+    # window, one day's tokens, one set of streams), so a new cookie resets nothing.
+    guest_address: str | None = None
 
 
 class Account(models.Model):
@@ -70,9 +94,22 @@ class Account(models.Model):
     # from the ledger, the one truth.
     ledger_day = models.DateField(null=True, blank=True, editable=False)
     ledger_day_tokens = models.PositiveBigIntegerField(default=0, editable=False)
+    # A guest (CHAT_GUEST) is a user with no password, kept by their session cookie alone,
+    # until they sign up (accounts.services.guest_convert) or the purge removes them.
+    is_guest = models.BooleanField("guest", default=False, editable=False)
+    # The client address that made the guest: the guests of one address share their limits.
+    guest_address = models.GenericIPAddressField(null=True, blank=True, editable=False, db_index=True)
+
+    allowed_models = models.JSONField(
+        default=list, blank=True, help_text="The models this user may use, in place of the plan's. Blank: the plan's."
+    )
 
     def __str__(self) -> str:
         return f"{self.user} on {self.plan}"
+
+    def allows_model(self, name: str) -> bool:
+        allowed = self.allowed_models or self.plan.allowed_models
+        return not allowed or name in allowed
 
     def tokens_used_on(self, day: dt.date) -> int:
         return self.ledger_day_tokens if self.ledger_day == day else 0
@@ -88,6 +125,7 @@ class Account(models.Model):
             tokens_per_day=pick("tokens_per_day"),
             max_concurrent_streams=pick("max_concurrent_streams"),
             max_tokens_per_request=pick("max_tokens_per_request"),
+            guest_address=self.guest_address if self.is_guest else None,
         )
 
 
@@ -105,6 +143,11 @@ class ApiKey(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # A narrowing of what the owner may use: a model outside it is, to this key, a model
+    # that does not exist.
+    allowed_models = models.JSONField(
+        default=list, blank=True, help_text="Of the owner's models, those this key may use, one per line. Blank: all."
+    )
 
     class Meta:
         ordering = ["-created_at"]
@@ -121,6 +164,9 @@ class ApiKey(models.Model):
     def generate() -> str:
         # 32 random bytes; the prefix tells a leaked key apart in logs and scanners.
         return KEY_PREFIX + secrets.token_urlsafe(32)
+
+    def allows_model(self, name: str) -> bool:
+        return not self.allowed_models or name in self.allowed_models
 
     def matches(self, key: str) -> bool:
         return hmac.compare_digest(self.hashed, hash_key(key))

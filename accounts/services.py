@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import secrets
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.contrib.auth.models import User
+from django.contrib.auth.models import AnonymousUser, User
 from django.db import transaction
-from django.db.models import Count, F, Q, Sum
-from django.db.models.functions import Greatest, TruncDate
+from django.db.models import Count, F, Max, Q, QuerySet, Sum
+from django.db.models.functions import Coalesce, Greatest, TruncDate
 from django.utils import timezone
 
 from accounts import key_cache
 from accounts.group_commit import GroupCommit
 from accounts.models import (
     DEFAULT_PLAN,
+    GUEST_PLAN,
+    GUEST_PLAN_LIMITS,
     Account,
     ApiKey,
     CacheOutcome,
@@ -95,11 +98,11 @@ def account_for(user: User) -> Account:
 def quota_for(user: User, *, limits: Limits | None = None) -> Quota:
     limits = limits or account_for(user).limits
     now = timezone.now()
-    window = request_log().look(_rate_key(user), now=now.timestamp())
+    window = request_log().look(_rate_key(user, limits), now=now.timestamp())
     return Quota(
         limits=limits,
         requests_remaining=limits.requests_per_minute - window.count,
-        tokens_used_today=_tokens_today(user, now),
+        tokens_used_today=_tokens_today(user, limits, now),
         requests_reset_s=math.ceil(window.empty_in_s),
         tokens_reset_s=_seconds_to_midnight(now),
     )
@@ -116,7 +119,7 @@ def usage_request_count(*, user: User, limits: Limits, requested_max_tokens: int
     if requested_max_tokens is not None and requested_max_tokens > limits.max_tokens_per_request:
         raise InvalidRequest(f"max_tokens is at most {limits.max_tokens_per_request} on your plan.", param="max_tokens")
     limit = limits.requests_per_minute
-    window = request_log().admit(_rate_key(user), limit=limit, now=timezone.now().timestamp())
+    window = request_log().admit(_rate_key(user, limits), limit=limit, now=timezone.now().timestamp())
     if not window.admitted:
         raise QuotaExceeded(
             "rate_limit_exceeded",
@@ -138,6 +141,83 @@ def signup_admit(*, address: str | None) -> None:
             f"Too many new accounts from your address: at most {limit} a minute.",
             retry_after=max(1, math.ceil(window.free_in_s)),
         )
+
+
+def guest_plan() -> Plan:
+    """The guests' plan, made by migration 0010 (and here again, should it have gone)."""
+    plan, _ = Plan.objects.get_or_create(name=GUEST_PLAN, defaults=GUEST_PLAN_LIMITS)
+    return plan
+
+
+def guest_create(*, address: str) -> User:
+    """Make a guest (CHAT_GUEST) for a client at `address`: a user without a password, kept
+    by its session alone, on the guest plan.
+
+    Counted against the same per-address limit as sign-ups (signup_admit, which raises
+    QuotaExceeded). A new cookie makes a new guest, but not new limits: every guest of one
+    address shares the guest plan's limits (Limits.guest_address, usage_admit). Reusing one
+    guest per address instead would show one visitor's chat to another behind the same
+    address (an office, a school); sharing limits between separate guests shows nothing.
+    """
+    signup_admit(address=address)
+    with transaction.atomic():
+        user = User.objects.create_user(f"guest-{secrets.token_hex(6)}")  # no password: unusable
+        Account.objects.create(user=user, plan=guest_plan(), is_guest=True, guest_address=address)
+    return user
+
+
+def user_is_guest(user: User | AnonymousUser) -> bool:
+    return user.is_authenticated and Account.objects.filter(user_id=user.pk, is_guest=True).exists()
+
+
+def guest_convert(*, user: User, username: str, password: str, active: bool = True) -> None:
+    """Turn a guest into an account of its own: a name, a password, the default plan.
+
+    The same user, so its conversations stay. An inactive one (CHAT_SIGNUP=approval) waits
+    for an admin's approval like any new account.
+    """
+    default, _ = Plan.objects.get_or_create(name=DEFAULT_PLAN)
+    with transaction.atomic():
+        user.username = username
+        user.set_password(password)
+        user.is_active = active
+        user.save(update_fields=["username", "password", "is_active"])
+        Account.objects.filter(user=user).update(is_guest=False, guest_address=None, plan=default)
+    # A key remembered with the guest's account (an admin may have made one) is read afresh.
+    key_cache.api_access_changed()
+
+
+def guest_purge(*, now: dt.datetime | None = None) -> int:
+    """Delete the guests idle for CHAT_GUEST_TTL_DAYS, with their conversations and usage.
+
+    Idle: no log-in and no generation (a usage record) since; returns how many went.
+    """
+    cutoff = (now or timezone.now()) - dt.timedelta(days=settings.CHAT_GUEST_TTL_DAYS)
+    last_seen = Greatest(
+        Coalesce("last_login", "date_joined"), Coalesce(Max("usage_records__created_at"), "date_joined")
+    )
+    idle = (
+        User.objects.filter(account__is_guest=True)
+        .annotate(last_seen=last_seen)
+        .filter(last_seen__lt=cutoff)
+        .values_list("pk", flat=True)
+    )
+    ids = list(idle)
+    for start in range(0, len(ids), 500):  # a bounded statement each, whatever the backlog
+        User.objects.filter(pk__in=ids[start : start + 500]).delete()
+    return len(ids)
+
+
+def conversation_admit(*, user: User, kept: int) -> None:
+    """Refuse a new conversation to a user who keeps `kept`, their plan's max_conversations
+    already (a guest's one): InvalidRequest, since waiting won't help."""
+    account = account_for(user)
+    limit = account.plan.max_conversations
+    if limit is None or kept < limit:
+        return
+    words = "one conversation" if limit == 1 else f"{limit} conversations"
+    advice = "Sign up to keep this chat and start more." if account.is_guest else "Delete one to start another."
+    raise InvalidRequest(f"Your plan keeps {words} at most. {advice}", code="conversation_limit_reached")
 
 
 # The group commit of every admission; tests and benchmarks count its batches.
@@ -170,19 +250,34 @@ def usage_admit(
 
     Admissions arriving together are written in one transaction (accounts.group_commit):
     this body runs in a transaction that the group holds.
+
+    A guest's limits are those of every guest of its address together (Limits.guest_address):
+    their streams and their day's tokens are counted as one. Their accounts that took tokens
+    today are locked with the guest's own; two of an address's guests admitted at the same
+    moment on PostgreSQL, neither having asked anything yet today, may each see the other's
+    tokens missing, an overshoot of one request each, which the shared per-minute limit bounds.
     """
     now = timezone.now()
     today = _ledger_date(now)
-    # Lock the account row so two requests can't both take the last stream or tokens.
-    account = Account.objects.select_for_update().only("ledger_day", "ledger_day_tokens").get(user=user)
-    running = UsageRecord.objects.filter(user=user, status=UsageRecord.Status.STREAMING).count()
+    # Lock the account rows so two requests can't both take the last stream or tokens.
+    sharing = list(
+        _ledger_sharers(user, limits, today)
+        .select_for_update()
+        .order_by("pk")
+        .only("user", "ledger_day", "ledger_day_tokens")
+    )
+    account = next(each for each in sharing if each.user_id == user.pk)
+    running = UsageRecord.objects.filter(
+        user__in=[each.user_id for each in sharing], status=UsageRecord.Status.STREAMING
+    ).count()
     if running >= limits.max_concurrent_streams:
         raise QuotaExceeded(
             "too_many_concurrent_streams",
             f"At most {limits.max_concurrent_streams} answers can stream at once on your plan.",
             retry_after=1,
         )
-    used = account.tokens_used_on(today)
+    own = account.tokens_used_on(today)
+    used = sum(each.tokens_used_on(today) for each in sharing)
     remaining = limits.tokens_per_day - used
     if remaining <= prompt_tokens:
         spent = "used today's" if remaining <= 0 else f"{remaining} left of today's"
@@ -205,7 +300,7 @@ def usage_admit(
         created_at=now,
     )
     used += record.charged_tokens
-    Account.objects.filter(pk=account.pk).update(ledger_day=today, ledger_day_tokens=used)
+    Account.objects.filter(pk=account.pk).update(ledger_day=today, ledger_day_tokens=own + record.charged_tokens)
     quota = Quota(
         limits=limits,
         requests_remaining=limits.requests_per_minute - requests,
@@ -411,7 +506,7 @@ def api_key_authenticate(plain: str) -> ApiKey | None:
     if key is None:
         keys = ApiKey.objects.select_related("user__account__plan")
         key = keys.filter(hashed=hashed, revoked_at__isnull=True).first()
-        if key is None or not key.user.is_active:
+        if key is None or not key.user.is_active or _is_guest_key(key):
             return None
         key_cache.remember_key(hashed, version, key)
     if not key.matches(plain):
@@ -424,14 +519,34 @@ def api_key_authenticate(plain: str) -> ApiKey | None:
     return key
 
 
-def _rate_key(user: User) -> str:
+def _is_guest_key(key: ApiKey) -> bool:
+    """A guest's key (one an admin made): guests have no API access."""
+    try:
+        return key.user.account.is_guest
+    except Account.DoesNotExist:
+        return False
+
+
+def _rate_key(user: User, limits: Limits) -> str:
+    if limits.guest_address:  # one window for all the guests of an address
+        return f"ratelimit:guests:{limits.guest_address}"
     return f"ratelimit:{user.pk}"
 
 
-def _tokens_today(user: User, now: dt.datetime) -> int:
+def _ledger_sharers(user: User, limits: Limits, today: dt.date) -> QuerySet[Account]:
+    """The user's account, and those whose day's tokens count against the same limits:
+    for a guest, the other guests of its address that took tokens today."""
+    sharing = Q(user=user)
+    if limits.guest_address:
+        sharing |= Q(is_guest=True, guest_address=limits.guest_address, ledger_day=today)
+    return Account.objects.filter(sharing)
+
+
+def _tokens_today(user: User, limits: Limits, now: dt.datetime) -> int:
     # Read afresh: the user's account may be a copy remembered with their key.
-    account = Account.objects.only("ledger_day", "ledger_day_tokens").filter(user=user).first()
-    return account.tokens_used_on(_ledger_date(now)) if account else 0
+    today = _ledger_date(now)
+    accounts = _ledger_sharers(user, limits, today).only("ledger_day", "ledger_day_tokens")
+    return sum(account.tokens_used_on(today) for account in accounts)
 
 
 def _ledger_date(moment: dt.datetime) -> dt.date:

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from accounts.services import usage_rollup
+from accounts.services import guest_purge, usage_rollup
 
 
 @shared_task(name="accounts.usage_rollup", ignore_result=True)
 def usage_rollup_task() -> int:
     """Roll the last two UTC days of the usage ledger up into UsageDay; the rows written."""
     return usage_rollup()
+
+
+@shared_task(name="accounts.guest_purge", ignore_result=True)
+def guest_purge_task() -> int:
+    """Delete the guests idle for CHAT_GUEST_TTL_DAYS; how many went."""
+    return guest_purge()

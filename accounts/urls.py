@@ -8,6 +8,8 @@ app_name = "accounts"
 urlpatterns = [
     path("signup/", views.signup, name="signup"),
     path("signup/pending/", views.signup_pending, name="signup_pending"),
+    path("guest/", views.guest_start, name="guest_start"),
+    path("guest/keep/", views.guest_keep, name="guest_keep"),
     path("login/", views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path(

@@ -7,7 +7,7 @@ from axes.helpers import get_client_username
 from axes.models import AccessAttempt
 from django.conf import settings
 from django.contrib import messages
-from django.contrib.auth import login
+from django.contrib.auth import login, logout, update_session_auth_hash
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.forms import UserCreationForm
@@ -20,9 +20,23 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from accounts.client_address import client_ip
+from accounts.decorators import guests_enabled, members_only
 from accounts.forms import ApiKeyCreateForm, LoginForm
 from accounts.models import ApiKey
-from accounts.services import QuotaExceeded, account_for, api_key_create, api_key_revoke, quota_for, signup_admit
+from accounts.services import (
+    QuotaExceeded,
+    account_for,
+    api_key_create,
+    api_key_revoke,
+    guest_convert,
+    guest_create,
+    quota_for,
+    signup_admit,
+    user_is_guest,
+)
+
+# A guest's session lasts as long as the guest may stay idle before the purge removes it.
+DAY_S = 24 * 60 * 60
 
 
 class AuthenticatedHttpRequest(HttpRequest):
@@ -71,7 +85,54 @@ class LoginView(auth_views.LoginView):
     form_class = LoginForm
 
     def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
-        return {**super().get_context_data(**kwargs), "signup_open": settings.CHAT_SIGNUP != "closed"}
+        context = super().get_context_data(**kwargs)
+        return {**context, "signup_open": settings.CHAT_SIGNUP != "closed", "guests_on": settings.CHAT_GUEST}
+
+
+@guests_enabled
+@require_POST
+def guest_start(request: HttpRequest) -> HttpResponse:
+    """Try it without an account: a new guest, logged in by this session alone."""
+    if request.user.is_authenticated:
+        return redirect("generation:chat")
+    address = client_ip(request)
+    if address is None:  # its limits are counted by address: none, no guest
+        return render(request, "accounts/guest_refused.html", {"no_address": True}, status=403)
+    try:
+        user = guest_create(address=address)
+    except QuotaExceeded as refusal:
+        response = render(request, "accounts/guest_refused.html", {"refusal": refusal.message}, status=429)
+        response["Retry-After"] = str(refusal.retry_after)
+        return response
+    login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+    request.session.set_expiry(settings.CHAT_GUEST_TTL_DAYS * DAY_S)
+    return redirect("generation:chat")
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def guest_keep(request: AuthenticatedHttpRequest) -> HttpResponse:
+    """Sign up to keep this chat: the guest becomes an account, its conversation with it."""
+    if not user_is_guest(request.user):
+        return redirect("generation:chat")
+    if settings.CHAT_SIGNUP == "closed":
+        return render(request, "accounts/signup_closed.html", status=403)
+    # A copy: the form writes the name it checks onto its instance, and the page shows request.user's.
+    guest = User.objects.get(pk=request.user.pk)
+    form: UserCreationForm[User] = UserCreationForm(request.POST or None, instance=guest, initial={"username": ""})
+    if request.method == "POST" and form.is_valid():
+        active = settings.CHAT_SIGNUP == "open"
+        user = form.instance
+        guest_convert(user=user, username=user.username, password=form.cleaned_data["password1"], active=active)
+        if not active:
+            logout(request)
+            return redirect("accounts:signup_pending")
+        update_session_auth_hash(request, user)  # the new password would end this session
+        request.session.set_expiry(None)  # back to the site's session age
+        return redirect("generation:chat")
+    status = 400 if request.method == "POST" else 200
+    context = {"form": form, "approval": settings.CHAT_SIGNUP == "approval"}
+    return render(request, "accounts/guest_keep.html", context, status=status)
 
 
 def locked_out(
@@ -91,6 +152,7 @@ def locked_out(
 # never_cache: the response to a create holds the plain key; no cache may keep it.
 @never_cache
 @login_required
+@members_only
 @require_http_methods(["GET", "POST"])
 def keys(request: AuthenticatedHttpRequest) -> HttpResponse:
     """The user's API keys; a POST makes one and shows its plain key this once."""
@@ -104,6 +166,7 @@ def keys(request: AuthenticatedHttpRequest) -> HttpResponse:
 
 
 @login_required
+@members_only
 @require_POST
 def key_revoke(request: AuthenticatedHttpRequest, key_id: int) -> HttpResponse:
     key = get_object_or_404(ApiKey, pk=key_id, user=request.user)

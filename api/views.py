@@ -30,10 +30,9 @@ from api.openapi import openapi_document
 from api.schemas import ChatCompletionRequest, CompletionOptions, CompletionRequest
 from generation import connection_limits
 from generation.backends import runtime
-from generation.backends.router import backend
 from generation.connection_limits import Held, TooManyConnections
 from generation.refusals import REFUSALS, UNREACHABLE, Refusal, refusal_of
-from generation.services import generation_cancel, generation_start
+from generation.services import generation_cancel, generation_start, models_for
 from inference.generators import Prompt
 from inference.streams import StreamNotFound
 from infrastructure import logs, sse
@@ -121,7 +120,7 @@ async def models_list(request: HttpRequest, caller: Caller) -> HttpResponseBase:
             "object": "list",
             "data": [
                 {"id": name, "object": "model", "created": 0, "owned_by": "chatsite"}
-                for name in await in_database_thread(backend().models)
+                for name in await in_database_thread(models_for, user=caller.user, api_key=caller.key)
             ],
         }
     )

@@ -317,6 +317,11 @@ AUTH_PASSWORD_VALIDATORS = [
 CHAT_SIGNUP = env_choice("CHAT_SIGNUP", "open", ("open", "approval", "closed"))
 # Accounts one client address may make in any 60 seconds (accounts.services.signup_admit).
 CHAT_SIGNUPS_PER_MINUTE = env_int("CHAT_SIGNUPS_PER_MINUTE", 3, minimum=1)
+# on: the log-in page offers "Try it without an account": a guest on the `guest` plan, kept by
+# the session cookie, whose limits are shared by every guest of the same client address
+# (accounts.services.guest_create). Guests idle for CHAT_GUEST_TTL_DAYS are deleted.
+CHAT_GUEST = env_bool("CHAT_GUEST", False)
+CHAT_GUEST_TTL_DAYS = env_int("CHAT_GUEST_TTL_DAYS", 7, minimum=1)
 # Log-in throttling (django-axes): CHAT_LOGIN_FAILURE_LIMIT wrong passwords for a username
 # from one address lock that pair's log-ins for CHAT_LOGIN_LOCKOUT_MINUTES, counted from the
 # last failure; while locked, no password is checked. By pair, so that no one can lock a
@@ -388,6 +393,9 @@ CHAT_AUTO_TITLE = env_bool("CHAT_AUTO_TITLE", True)
 # an identical request: `user` serves each user only their own, `global` anyone's.
 CHAT_RESPONSE_CACHE = env_choice("CHAT_RESPONSE_CACHE", "user", ("off", "user", "global"))
 CHAT_RESPONSE_CACHE_TTL = env_int("CHAT_RESPONSE_CACHE_TTL", 3600, minimum=1)
+# Who may open a conversation's share link (/s/<token>/): `users` anyone logged in,
+# `public` anyone with the link, `off` nobody (and no Share button).
+CHAT_SHARING = env_choice("CHAT_SHARING", "users", ("off", "users", "public"))
 CHAT_ENABLE_SYNTHETIC = env_bool("CHAT_ENABLE_SYNTHETIC", False)
 CHAT_SYNTHETIC_TOKENS_PER_S = env_float("CHAT_SYNTHETIC_TOKENS_PER_S", 50.0)
 # Model servers (vLLM, TGI, Ollama, ...) behind chatsite; more can be added in the admin.
@@ -425,6 +433,7 @@ CELERY_BEAT_SCHEDULE = {
         ("reap-dead-runs", "generation.reap_dead_runs", 3.0),
         ("usage-rollup", "accounts.usage_rollup", 60.0),
         ("expire-streams", "generation.expire_streams", 300.0),
+        ("purge-guests", "accounts.guest_purge", 3600.0),
     )
 }
 

@@ -7,12 +7,16 @@ from django.views.generic import RedirectView
 
 from api.errors import api_or_page
 from chatsite import probes
+from generation import share_views
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="generation:chat"), name="home"),
     path("accounts/", include("accounts.urls")),
     path("chat/", include("generation.urls")),
     path("documents/", include("documents.urls")),
+    # Share links: short, and outside /chat/ since they are not the owner's pages.
+    path("s/<str:token>/", share_views.shared_conversation, name="shared"),
+    path("s/<str:token>/continue/", share_views.shared_conversation_continue, name="shared_continue"),
     path("v1/", include("api.urls")),
     path("healthz", probes.healthz, name="healthz"),
     path("readyz", probes.readyz, name="readyz"),

@@ -12,6 +12,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.middleware import HtmxDetails
 
+from accounts.decorators import members_only
 from documents import services
 from documents.extraction import UnreadableDocument, text_of
 from documents.forms import DocumentUploadForm
@@ -29,6 +30,7 @@ class HtmxHttpRequest(HttpRequest):
 
 
 @login_required
+@members_only
 @require_POST
 async def document_upload(request: HtmxHttpRequest, conversation_id: uuid.UUID) -> HttpResponse:
     """Attach a file to one of your conversations; the documents panel comes back, with

@@ -1,4 +1,5 @@
-"""Admin for conversations and messages, the live generations page (force stop), and model servers."""
+"""Admin for conversations and messages, the live generations page (force stop), rated answers,
+and model servers."""
 
 from __future__ import annotations
 
@@ -9,16 +10,18 @@ from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import redirect
+from django.shortcuts import get_object_or_404, redirect
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, path
+from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html
 from django.views.decorators.http import require_GET, require_POST
 
 from accounts.models import UsageRecord
 from generation import services
 from generation.backends import runtime
 from generation.backends.router import backend
-from generation.models import Conversation, Message, UpstreamEndpoint
+from generation.models import Conversation, Feedback, Message, SharedLink, UpstreamEndpoint
+from generation.selectors import MessageTree
 
 
 class MessageInline(admin.TabularInline):
@@ -187,3 +190,104 @@ class UpstreamEndpointAdmin(admin.ModelAdmin):
     def delete_model(self, request: HttpRequest, obj: Any) -> None:
         super().delete_model(request, obj)
         backend().endpoints_refresh()
+
+
+@admin.register(Feedback)
+class FeedbackAdmin(admin.ModelAdmin):
+    """Rated answers, read-only (they are their users' word), each linked to its conversation."""
+
+    list_display = [
+        "rating",
+        "reason",
+        "comment_start",
+        "answer_model",
+        "plan",
+        "user",
+        "conversation_link",
+        "updated_at",
+    ]
+    list_filter = ["rating", "reason", "message__model", "message__conversation__user__account__plan"]
+    date_hierarchy = "updated_at"
+    search_fields = ["comment", "message__conversation__user__username"]
+    list_select_related = ["message__conversation__user__account__plan"]
+    fields = ("rating", "reason", "comment", "answer_model", "user", "conversation_link", "created_at", "updated_at")
+    readonly_fields = fields
+    change_list_template = "admin/generation/feedback/change_list.html"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Feedback | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Feedback | None = None) -> bool:
+        return False
+
+    @admin.display(description="comment")
+    def comment_start(self, rated: Feedback) -> str:
+        return rated.comment if len(rated.comment) <= 80 else rated.comment[:79] + "…"
+
+    @admin.display(description="model", ordering="message__model")
+    def answer_model(self, rated: Feedback) -> str:
+        return rated.message.model
+
+    @admin.display(description="plan")
+    def plan(self, rated: Feedback) -> str:
+        account = getattr(rated.message.conversation.user, "account", None)  # none yet: the default plan's
+        return account.plan.name if account is not None else "—"
+
+    @admin.display(description="user", ordering="message__conversation__user__username")
+    def user(self, rated: Feedback) -> str:
+        return rated.message.conversation.user.get_username()
+
+    @admin.display(description="conversation")
+    def conversation_link(self, rated: Feedback) -> str:
+        url = reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_conversation", args=[rated.pk])
+        return format_html('<a href="{}#message-{}">{}</a>', url, rated.message_id, rated.message.conversation)
+
+    def get_urls(self) -> list[URLPattern]:
+        conversation = path(
+            "<int:feedback_id>/conversation/",
+            self.admin_site.admin_view(require_GET(self.conversation_view)),
+            name=f"{self.opts.app_label}_{self.opts.model_name}_conversation",
+        )
+        return [conversation, *super().get_urls()]
+
+    def conversation_view(self, request: HttpRequest, feedback_id: int) -> HttpResponse:
+        """The rated answer in its conversation, read-only: the branch through it, with every rating."""
+        if not (self.has_view_permission(request) and request.user.has_perm("generation.view_conversation")):
+            raise PermissionDenied
+        rated = get_object_or_404(Feedback.objects.select_related("message__conversation__user"), pk=feedback_id)
+        conversation = rated.message.conversation
+        tree = MessageTree(conversation)
+        context: dict[str, Any] = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": f"Rated answer in “{conversation}”",
+            "conversation": conversation,
+            "thread": tree.path(tree.newest_leaf(rated.message)),
+            "rated": rated,
+        }
+        return TemplateResponse(request, "admin/generation/feedback/conversation.html", context)
+
+
+@admin.register(SharedLink)
+class SharedLinkAdmin(admin.ModelAdmin):
+    """Share links, to see what is shared and take a link down (delete: it answers 404).
+    The snapshot is the owner's words: shown, never edited here."""
+
+    list_display = ["__str__", "owner", "created_at", "updated_at"]
+    list_select_related = ["conversation__user"]
+    search_fields = ["title", "conversation__user__username"]
+    date_hierarchy = "updated_at"
+    fields = readonly_fields = ("title", "conversation", "token", "messages", "created_at", "updated_at")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description="owner", ordering="conversation__user__username")
+    def owner(self, link: SharedLink) -> str:
+        return link.conversation.user.get_username()

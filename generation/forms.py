@@ -6,8 +6,7 @@ from django import forms
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator
 
-from generation.backends.router import backend
-from generation.models import Conversation
+from generation.models import Conversation, Feedback, Message
 from generation.search import MAX_QUERY_CHARS as MAX_SEARCH_CHARS
 from generation.search import search_terms
 
@@ -16,6 +15,7 @@ MAX_SYSTEM_PROMPT_CHARS = 4_000
 CONVERSATIONS_PER_PAGE = 100
 # Past 10,000 pages (a million conversations) a request is a mistake, not a reader.
 MAX_CONVERSATION_PAGES = 10_000
+MAX_FEEDBACK_COMMENT_CHARS = 2_000  # as Feedback.comment
 
 
 def validate_unicode(text: str) -> None:
@@ -94,11 +94,12 @@ class ConversationSettingsForm(forms.ModelForm):
         model = Conversation
         fields = ["model", "system_prompt", "temperature", "max_tokens"]
 
-    def __init__(self, *args: Any, max_tokens_limit: int, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, max_tokens_limit: int, models: list[str], **kwargs: Any) -> None:
+        """`models`: those the user may choose (generation.services.models_to_choose)."""
         super().__init__(*args, **kwargs)
         model_field = self.fields["model"]
         assert isinstance(model_field, forms.ChoiceField)
-        model_field.choices = [(name, name) for name in backend().models()]
+        model_field.choices = [(name, name) for name in models]
         max_tokens = self.fields["max_tokens"]
         assert isinstance(max_tokens, forms.IntegerField)
         max_tokens.validators.append(
@@ -121,6 +122,7 @@ class SearchForm(forms.Form):
         validators=[validate_unicode],
         error_messages={"max_length": "Search for at most %(limit_value)d characters (this is %(show_value)d)."},
     )
+    archived = forms.BooleanField(label="Include archived", required=False)
 
     def clean_q(self) -> str:
         query: str = self.cleaned_data["q"]
@@ -142,3 +144,91 @@ class ConversationPageForm(forms.Form):
             "max_value": f"There are at most {MAX_CONVERSATION_PAGES} pages of conversations.",
         },
     )
+
+
+def _yes_or_no(value: str) -> bool:
+    return value == "true"
+
+
+class ConversationPinForm(forms.Form):
+    """Pin (`pinned=true`) or unpin (`false`): the state wanted, so that sending it twice,
+    say from a second device's stale page, does what it says."""
+
+    pinned = forms.TypedChoiceField(
+        choices=[("true", "Pin"), ("false", "Unpin")],
+        coerce=_yes_or_no,
+        error_messages={
+            "required": "Say whether to pin the conversation (pinned=true or false).",
+            "invalid_choice": "pinned is true or false.",
+        },
+    )
+
+
+class ConversationArchiveForm(forms.Form):
+    """Archive (`archived=true`) or restore (`false`); `return_to` names the page to show after."""
+
+    archived = forms.TypedChoiceField(
+        choices=[("true", "Archive"), ("false", "Unarchive")],
+        coerce=_yes_or_no,
+        error_messages={
+            "required": "Say whether to archive the conversation (archived=true or false).",
+            "invalid_choice": "archived is true or false.",
+        },
+    )
+    return_to = forms.ChoiceField(
+        choices=[("conversation", "The conversation"), ("archived", "The archived conversations")],
+        required=False,
+        error_messages={"invalid_choice": "return_to is conversation or archived."},
+    )
+
+
+class ArchivedPageForm(forms.Form):
+    """A page of the archived conversations (CONVERSATIONS_PER_PAGE each); the first if none is given."""
+
+    page = forms.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=MAX_CONVERSATION_PAGES,
+        error_messages={
+            "invalid": "A page is a whole number.",
+            "min_value": "Pages of archived conversations start at 1.",
+            "max_value": f"There are at most {MAX_CONVERSATION_PAGES} pages of conversations.",
+        },
+    )
+
+
+class FeedbackForm(forms.Form):
+    """A rating of one answer: the button pressed (👍 or 👎), and optionally why.
+
+    Its fields are named for that answer (`feedback-<id>-comment`): a page shows many."""
+
+    rating = forms.ChoiceField(
+        choices=Feedback.Rating.choices,
+        error_messages={
+            "required": "Choose Good answer or Bad answer.",
+            "invalid_choice": "A rating is good or bad.",
+        },
+    )
+    reason = forms.ChoiceField(
+        label="Reason",
+        choices=Feedback.Reason.choices,
+        required=False,
+        error_messages={"invalid_choice": "Choose one of the reasons listed."},
+    )
+    comment = forms.CharField(
+        label="Comment",
+        required=False,
+        max_length=MAX_FEEDBACK_COMMENT_CHARS,
+        widget=forms.Textarea(attrs={"rows": 2, "placeholder": "What was good or bad about it? (optional)"}),
+        validators=[validate_unicode],
+        error_messages={
+            "max_length": "A comment is at most %(limit_value)d characters (this one has %(show_value)d).",
+        },
+    )
+
+    def __init__(self, *args: Any, answer: Message, **kwargs: Any) -> None:
+        rated = getattr(answer, "feedback", None)  # no rating yet: RelatedObjectDoesNotExist, an AttributeError
+        if rated is not None:
+            kwargs.setdefault("initial", {"rating": rated.rating, "reason": rated.reason, "comment": rated.comment})
+        kwargs["auto_id"] = f"feedback-{answer.pk}-%s"
+        super().__init__(*args, **kwargs)

@@ -24,6 +24,11 @@ class Conversation(models.Model):
     current_leaf = models.ForeignKey(
         "Message", on_delete=models.SET_NULL, null=True, blank=True, related_name="+", editable=False
     )
+    # Pinned conversations head the sidebar (most recently pinned first); archived ones leave
+    # it, and come back from the Archived view. Both are times rather than flags: the sidebar
+    # orders pins by them, and export keeps when it happened.
+    pinned_at = models.DateTimeField(null=True, blank=True)
+    archived_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -102,6 +107,66 @@ class Message(models.Model):
 
     def get_stream_url(self) -> str:
         return reverse("generation:answer_stream", args=[self.stream_id])
+
+
+class Feedback(models.Model):
+    """What the owner of a conversation thought of one finished answer: 👍 or 👎, why, and
+    optionally a comment. One per answer; rating again changes it."""
+
+    class Rating(models.TextChoices):
+        GOOD = "good", "Good answer"
+        BAD = "bad", "Bad answer"
+
+    class Reason(models.TextChoices):
+        NONE = "", "No reason given"
+        INACCURATE = "inaccurate", "Not accurate"
+        UNHELPFUL = "unhelpful", "Not helpful"
+        INCOMPLETE = "incomplete", "Incomplete"
+        UNSAFE = "unsafe", "Harmful or unsafe"
+        HELPFUL = "helpful", "Helpful"
+        CLEAR = "clear", "Clear and well written"
+        OTHER = "other", "Something else"
+
+    message = models.OneToOneField(Message, on_delete=models.CASCADE, related_name="feedback")
+    rating = models.CharField(max_length=8, choices=Rating.choices)
+    reason = models.CharField(max_length=20, choices=Reason.choices, blank=True)
+    comment = models.TextField(max_length=2000, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-updated_at"]
+        verbose_name = "rated answer"
+        indexes = [models.Index(fields=["rating", "-updated_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.get_rating_display()} on message {self.message_id}"
+
+
+class SharedLink(models.Model):
+    """A read-only snapshot of one conversation's branch, at /s/<token>/.
+
+    The snapshot is a copy (messages, their sources' names and excerpts, not the files):
+    later edits leave it as it was, and "Update link" copies the branch again under the same
+    token. Deleting the conversation deletes its link.
+    """
+
+    token = models.CharField(max_length=64, unique=True, editable=False)
+    conversation = models.OneToOneField(Conversation, on_delete=models.CASCADE, related_name="shared_link")
+    title = models.CharField(max_length=200, blank=True)
+    # [{"role", "content", "model", "status", "sources": [{"number", "document", "excerpt"}]}]
+    messages = models.JSONField(default=list)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-updated_at"]
+
+    def __str__(self) -> str:
+        return self.title or "New chat"
+
+    def get_absolute_url(self) -> str:
+        return reverse("shared", args=[self.token])
 
 
 class UpstreamEndpoint(models.Model):

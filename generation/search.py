@@ -61,18 +61,21 @@ def search_terms(query: str) -> list[str]:
     return list(terms)[:MAX_TERMS]
 
 
-def conversation_search(*, user: User, terms: list[str], limit: int = MAX_RESULTS) -> list[SearchHit]:
+def conversation_search(
+    *, user: User, terms: list[str], include_archived: bool = False, limit: int = MAX_RESULTS
+) -> list[SearchHit]:
     """The user's conversations whose title, or one of whose messages, contains every term,
-    newest first, each with its best passage highlighted."""
+    newest first, each with its best passage highlighted; archived ones only if asked."""
     if not terms:
         return []
     by_title = _matching(Conversation.objects.filter(user=user), "title", terms)
     by_message = _matching(Message.objects.filter(conversation__user=user), "content", terms)
-    found = list(
-        Conversation.objects.filter(user=user)
-        .filter(Q(pk__in=by_title.values("pk")) | Q(pk__in=by_message.values("conversation_id")))
-        .order_by("-updated_at")[:limit]
+    matching = Conversation.objects.filter(user=user).filter(
+        Q(pk__in=by_title.values("pk")) | Q(pk__in=by_message.values("conversation_id"))
     )
+    if not include_archived:
+        matching = matching.filter(archived_at__isnull=True)
+    found = list(matching.order_by("-updated_at")[:limit])
     # The newest matching message of each conversation found gives its excerpt.
     excerpts: dict[object, str] = {}
     for conversation_id, content in (

@@ -37,7 +37,8 @@ class MessageTree:
     def __init__(self, conversation: Conversation) -> None:
         self.conversation = conversation
         # Not saved yet (a new chat): no messages.
-        self.messages = [] if conversation._state.adding else list(conversation.messages.all())
+        # Each answer's rating with it: the page shows it under every answer.
+        self.messages = [] if conversation._state.adding else list(conversation.messages.select_related("feedback"))
         self._by_id = {message.pk: message for message in self.messages}
         self._order = {message.pk: index for index, message in enumerate(self.messages)}
         self._children: dict[int | None, list[Message]] = {}

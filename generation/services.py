@@ -12,12 +12,16 @@ from typing import Any
 
 from django.contrib.auth.models import User
 from django.db import transaction
+from django.db.models import Value
+from django.db.models.functions import Coalesce
+from django.utils import timezone
 
-from accounts.models import ApiKey, UsageRecord
+from accounts.models import Account, ApiKey, UsageRecord
 from accounts.services import (
     InvalidRequest,
     Quota,
     account_for,
+    conversation_admit,
     usage_admit,
     usage_finish_from_cache,
     usage_request_count,
@@ -43,13 +47,62 @@ logger = logging.getLogger(__name__)
 TITLE_LENGTH = 60
 
 
+def models_for(*, user: User, api_key: ApiKey | None = None) -> list[str]:
+    """The served models that `user` (through `api_key`, if given) may use, the site's
+    default first when allowed. To them no other model exists: every list, form and
+    admission asks here."""
+    account = account_for(user)
+    return [name for name in backend().models() if _allowed(account, api_key, name)]
+
+
+def _allowed(account: Account, api_key: ApiKey | None, model: str) -> bool:
+    return account.allows_model(model) and (api_key is None or api_key.allows_model(model))
+
+
+def models_to_choose(user: User) -> list[str]:
+    """The models a form or a copied conversation offers `user`, default first: those they
+    may use, or the site's default alone if none (its admission then refuses it)."""
+    return models_for(user=user) or backend().models()[:1]
+
+
+def default_model_for(user: User) -> str:
+    return models_to_choose(user)[0]
+
+
 def conversation_create(*, user: User, model: str | None = None) -> Conversation:
-    return Conversation.objects.create(user=user, model=model or backend().models()[0])
+    return Conversation.objects.create(user=user, model=model or default_model_for(user))
 
 
 def conversation_new(*, user: User) -> Conversation:
     """A conversation not saved yet: its first prompt saves it, once its answer is admitted."""
-    return Conversation(user=user, model=backend().models()[0])
+    return Conversation(user=user, model=default_model_for(user))
+
+
+# Pins and the archive are saved with update(), not save(): `updated_at`, which orders the
+# rest of the sidebar, is left as it was. A conversation is never both: pinning brings one
+# back from the archive, archiving unpins it. Setting what is already set keeps its time, so
+# a second device that shows a stale button changes nothing.
+
+
+def conversation_pin(*, conversation: Conversation, pinned: bool) -> None:
+    """Pin a conversation to the top of the sidebar (newest pin first), or unpin it."""
+    if pinned:
+        _organize(conversation, pinned_at=Coalesce("pinned_at", Value(timezone.now())), archived_at=None)
+    else:
+        _organize(conversation, pinned_at=None)
+
+
+def conversation_archive(*, conversation: Conversation, archived: bool) -> None:
+    """Archive a conversation (it leaves the sidebar, stays open at its URL), or restore it."""
+    if archived:
+        _organize(conversation, archived_at=Coalesce("archived_at", Value(timezone.now())), pinned_at=None)
+    else:
+        _organize(conversation, archived_at=None)
+
+
+def _organize(conversation: Conversation, **changes: Any) -> None:
+    Conversation.objects.filter(pk=conversation.pk).update(**changes)
+    conversation.refresh_from_db(fields=["pinned_at", "archived_at"])
 
 
 @dataclass(frozen=True)
@@ -109,11 +162,12 @@ def generation_admit(
     and a day's budget that grants fewer tokens than it went out with stops it there.
     """
     runner = backend()
-    if model not in runner.models():
+    account = account_for(user)
+    # A model the caller may not use is refused exactly as one that does not exist.
+    if model not in runner.models() or not _allowed(account, api_key, model):
         raise UnknownModel(f"The model {model!r} does not exist.")
     if unsupported := sorted(params.extra.keys() - runner.features(model)):
         raise InvalidRequest(f"The model {model!r} does not support {unsupported[0]}.", param=unsupported[0])
-    account = account_for(user)
     limits = account.limits
     requests = usage_request_count(user=user, limits=limits, requested_max_tokens=requested_max_tokens)
     prompt_tokens = runner.count_prompt_tokens(model, prompt)
@@ -291,6 +345,8 @@ def message_send(*, conversation: Conversation, prompt: str, channel: str = "ui"
     InvalidRequest) leaves no trace; a full queue (EngineOverloaded) removes what was saved.
     """
     is_new = conversation._state.adding
+    if is_new:  # within the plan's conversations (a guest keeps one)
+        conversation_admit(user=conversation.user, kept=conversation.user.conversations.count())
     path = MessageTree(conversation).thread()
     history = [*chat_history(conversation, path), {"role": "user", "content": prompt}]
     admitted = _answer_admit(conversation, history, channel=channel)

@@ -16,11 +16,11 @@ from typing import Annotated, Any, Literal
 from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
 from generation import untrusted_json
-from generation.forms import MAX_PROMPT_CHARS, MAX_SYSTEM_PROMPT_CHARS
-from generation.models import Conversation, Message
+from generation.forms import MAX_FEEDBACK_COMMENT_CHARS, MAX_PROMPT_CHARS, MAX_SYSTEM_PROMPT_CHARS
+from generation.models import Conversation, Feedback, Message
 from generation.selectors import MessageTree
 
 FORMAT = "chatsite.conversation"
@@ -55,6 +55,18 @@ def _generation_status(status: str) -> str:
     return status
 
 
+def _feedback_rating(rating: str) -> str:
+    if rating not in Feedback.Rating.values:
+        raise ValueError(f"is not one of {', '.join(Feedback.Rating.values)}")
+    return rating
+
+
+def _feedback_reason(reason: str) -> str:
+    if reason not in Feedback.Reason.values:
+        raise ValueError(f"is not empty or one of {', '.join(value for value in Feedback.Reason.values if value)}")
+    return reason
+
+
 Name = Annotated[str, Field(max_length=200), AfterValidator(_storable)]
 SystemPrompt = Annotated[str, Field(max_length=MAX_SYSTEM_PROMPT_CHARS), AfterValidator(_storable)]
 MessageText = Annotated[str, Field(max_length=MAX_ANSWER_CHARS), AfterValidator(_storable)]
@@ -78,6 +90,16 @@ class SourceDocument(_Strict):
     url: Annotated[str, Field(max_length=500)] = ""
 
 
+class FeedbackDocument(_Strict):
+    """The owner's rating of an answer (generation/feedback.py); `rated_at` goes out and is
+    not restored, like the messages' times."""
+
+    rating: Annotated[str, AfterValidator(_feedback_rating)]
+    reason: Annotated[str, AfterValidator(_feedback_reason)] = ""
+    comment: Annotated[str, Field(max_length=MAX_FEEDBACK_COMMENT_CHARS), AfterValidator(_storable)] = ""
+    rated_at: datetime | None = None
+
+
 class MessageDocument(_Strict):
     id: int = Field(ge=0)
     parent: int | None = Field(default=None, ge=0)
@@ -93,6 +115,7 @@ class MessageDocument(_Strict):
     error: ErrorText = ""
     sources: list[SourceDocument] = Field(default_factory=list, max_length=100)
     from_cache: bool = False
+    feedback: FeedbackDocument | None = None
     created_at: datetime | None = None
 
 
@@ -105,6 +128,10 @@ class ConversationDocument(_Strict):
     temperature: float = Field(default=0.2, ge=0, le=2)
     max_tokens: int = Field(default=512, ge=1, le=2**31 - 1)
     created_at: datetime | None = None
+    # Kept on import (no later than now; an archived one is not pinned), so a backup
+    # comes back organised as it was.
+    pinned_at: AwareDatetime | None = None
+    archived_at: AwareDatetime | None = None
     current: int | None = Field(default=None, ge=0)
     messages: list[MessageDocument] = Field(max_length=IMPORT_MAX_MESSAGES)
 
@@ -142,6 +169,8 @@ def conversation_document(conversation: Conversation) -> dict[str, Any]:
         "temperature": conversation.temperature,
         "max_tokens": conversation.max_tokens,
         "created_at": conversation.created_at.isoformat(),
+        "pinned_at": conversation.pinned_at.isoformat() if conversation.pinned_at else None,
+        "archived_at": conversation.archived_at.isoformat() if conversation.archived_at else None,
         "current": ids[leaf.pk] if leaf is not None else None,
         "messages": [
             {
@@ -150,10 +179,23 @@ def conversation_document(conversation: Conversation) -> dict[str, Any]:
                 "status": message.status,
                 **{name: getattr(message, name) for name in MESSAGE_FIELDS},
                 "sources": message.sources,
+                **({"feedback": _feedback_document(message)} if message.role == Message.Role.ASSISTANT else {}),
                 "created_at": message.created_at.isoformat(),
             }
             for message in tree.messages
         ],
+    }
+
+
+def _feedback_document(answer: Message) -> dict[str, Any] | None:
+    rated = getattr(answer, "feedback", None)  # none: RelatedObjectDoesNotExist, an AttributeError
+    if rated is None:
+        return None
+    return {
+        "rating": rated.rating,
+        "reason": rated.reason,
+        "comment": rated.comment,
+        "rated_at": rated.updated_at.isoformat(),
     }
 
 
@@ -247,6 +289,8 @@ def _check_tree(document: ConversationDocument) -> None:
             raise ImportRefused(f"Message {position} has the id {message.id}; ids count from 0 in order.")
         if message.role == "user" and len(message.content) > MAX_PROMPT_CHARS:
             raise ImportRefused(f"Message {position} is a prompt longer than {MAX_PROMPT_CHARS} characters.")
+        if message.role == "user" and message.feedback is not None:
+            raise ImportRefused(f"Message {position} is a prompt with a rating; only answers are rated.")
         if message.parent is None:
             if message.role != "user":
                 raise ImportRefused(f"Message {position} is an answer to no prompt.")
@@ -258,6 +302,11 @@ def _check_tree(document: ConversationDocument) -> None:
             raise ImportRefused(f"Message {position} follows a message of the same role ({message.role}).")
     if document.current is not None and document.current >= len(document.messages):
         raise ImportRefused(f"current names message {document.current}, which does not exist.")
+
+
+def _no_later_than_now(moment: datetime | None) -> datetime | None:
+    # A pin from the future would head the sidebar until then.
+    return min(moment, timezone.now()) if moment is not None else None
 
 
 @transaction.atomic
@@ -277,6 +326,8 @@ def conversation_import(
         system_prompt=document.system_prompt,
         temperature=document.temperature,
         max_tokens=min(document.max_tokens, max_tokens),
+        pinned_at=None if document.archived_at else _no_later_than_now(document.pinned_at),
+        archived_at=_no_later_than_now(document.archived_at),
     )
     saved: list[Message] = []
     for item in document.messages:
@@ -290,6 +341,14 @@ def conversation_import(
             **{name: getattr(item, name) for name in MESSAGE_FIELDS},
         )
         message.save(root=True)  # parents as the file says, first prompts included
+        if item.feedback is not None:
+            # Not feedback_set: a rating carried over is not one given now (/metrics counts those).
+            Feedback.objects.create(
+                message=message,
+                rating=item.feedback.rating,
+                reason=item.feedback.reason,
+                comment=item.feedback.comment,
+            )
         saved.append(message)
     current = saved[document.current] if document.current is not None else saved[-1]
     Conversation.objects.filter(pk=conversation.pk).update(current_leaf=MessageTree(conversation).newest_leaf(current))

@@ -9,6 +9,7 @@ from uuid import UUID
 from asgiref.sync import sync_to_async
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
+from django.db.models import F
 from django.forms.models import model_to_dict
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -18,16 +19,19 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django_htmx.http import HttpResponseClientRedirect, push_url, reswap, retarget
 from django_htmx.middleware import HtmxDetails
 
+from accounts.decorators import members_only
 from accounts.services import account_for, quota_for
-from generation import connection_limits, search, services, transfer
+from generation import connection_limits, search, services, sharing, transfer
 from generation.backends import runtime
 from generation.backends.reaping import message_mark_interrupted
-from generation.backends.router import backend
 from generation.connection_limits import TooManyConnections
 from generation.forms import (
     CONVERSATIONS_PER_PAGE,
+    ArchivedPageForm,
+    ConversationArchiveForm,
     ConversationImportForm,
     ConversationPageForm,
+    ConversationPinForm,
     ConversationRenameForm,
     ConversationSettingsForm,
     PromptForm,
@@ -101,7 +105,9 @@ def conversation_search(request: HtmxHttpRequest) -> HttpResponse:
     elif form.cleaned_data["q"]:
         try:
             context["hits"] = search.conversation_search(
-                user=request.user, terms=search.search_terms(form.cleaned_data["q"])
+                user=request.user,
+                terms=search.search_terms(form.cleaned_data["q"]),
+                include_archived=form.cleaned_data["archived"],
             )
         except search.SearchUnavailable as error:
             context["search_error"], status = str(error), 503
@@ -189,7 +195,7 @@ async def _final_event(message_pk: int, seq: int | None) -> bytes:
 
 
 def _message_html(message_pk: int) -> str:
-    message = Message.objects.select_related("conversation").get(pk=message_pk)
+    message = Message.objects.select_related("conversation", "feedback").get(pk=message_pk)
     versions = MessageTree(message.conversation).versions(message)
     return render_to_string("generation/_message.html", {"message": message, "versions": versions})
 
@@ -235,6 +241,63 @@ def conversation_delete(request: HtmxHttpRequest, conversation_id: UUID) -> Http
 
 
 @login_required
+@require_POST
+def conversation_pin(request: HtmxHttpRequest, conversation_id: UUID) -> HttpResponse:
+    """Pin a conversation to the top of the sidebar (`pinned=true`), or unpin it."""
+    found = get_object_or_404(Conversation, id=conversation_id, user=request.user)
+    form = ConversationPinForm(request.POST)
+    if not form.is_valid():
+        return HttpResponse(_first_error(form), status=400, content_type="text/plain; charset=utf-8")
+    services.conversation_pin(conversation=found, pinned=form.cleaned_data["pinned"])
+    return _organized(request, found)
+
+
+@login_required
+@require_POST
+def conversation_archive(request: HtmxHttpRequest, conversation_id: UUID) -> HttpResponse:
+    """Archive a conversation (`archived=true`): it leaves the sidebar and stays open at its
+    URL, answers included, until restored (`false`)."""
+    found = get_object_or_404(Conversation, id=conversation_id, user=request.user)
+    form = ConversationArchiveForm(request.POST)
+    if not form.is_valid():
+        return HttpResponse(_first_error(form), status=400, content_type="text/plain; charset=utf-8")
+    services.conversation_archive(conversation=found, archived=form.cleaned_data["archived"])
+    if form.cleaned_data["return_to"] != "archived":
+        return _organized(request, found)
+    if request.htmx:  # its row in the Archived list says where it went
+        return render(request, "generation/_restored.html", {"conversation": found})
+    return redirect("generation:archived")
+
+
+def _organized(request: HtmxHttpRequest, conversation: Conversation) -> HttpResponse:
+    """After a pin or an archive: for HTMX the conversation's header and, out of band, the
+    sidebar's first page in its new order."""
+    if not request.htmx:
+        return redirect(conversation)
+    conversations, more = _conversation_page(request.user, 1)
+    context = {**_header_context(conversation), "conversations": conversations, "next_page": 2 if more else None}
+    return render(request, "generation/_organized.html", context)
+
+
+@login_required
+@require_GET
+def archived(request: HtmxHttpRequest) -> HttpResponse:
+    """The user's archived conversations, most recently archived first, each with Unarchive."""
+    form = ArchivedPageForm(request.GET)
+    if not form.is_valid():
+        return HttpResponse(_first_error(form), status=400, content_type="text/plain; charset=utf-8")
+    page = form.cleaned_data["page"] or 1
+    start = (page - 1) * CONVERSATIONS_PER_PAGE
+    listed = request.user.conversations.filter(archived_at__isnull=False).order_by("-archived_at", "-updated_at")
+    rows = list(listed.values("id", "title", "archived_at")[start : start + CONVERSATIONS_PER_PAGE + 1])
+    if page > 1 and not rows:
+        return HttpResponse("There is no such page of archived conversations.\n", status=404, content_type="text/plain")
+    more = len(rows) > CONVERSATIONS_PER_PAGE
+    context = {"conversations": rows[:CONVERSATIONS_PER_PAGE], "next_page": page + 1 if more else None}
+    return render(request, "generation/archived.html", context)
+
+
+@login_required
 @require_GET
 def conversation_export_markdown(request: HtmxHttpRequest, conversation_id: UUID) -> HttpResponse:
     """The branch shown, as Markdown to read."""
@@ -252,6 +315,7 @@ def conversation_export_json(request: HtmxHttpRequest, conversation_id: UUID) ->
 
 
 @login_required
+@members_only  # its import would make a guest more conversations than the guest plan keeps
 @require_http_methods(["GET", "POST"])
 def your_data(request: HtmxHttpRequest) -> HttpResponse:
     """Export all of one's data; import a conversation exported as JSON (as a new one)."""
@@ -262,13 +326,17 @@ def your_data(request: HtmxHttpRequest) -> HttpResponse:
             document = transfer.conversation_document_parse(form.cleaned_data["file"].read())
             limit = account_for(request.user).limits.max_tokens_per_request
             imported = transfer.conversation_import(
-                user=request.user, document=document, models=backend().models(), max_tokens=limit
+                user=request.user, document=document, models=services.models_to_choose(request.user), max_tokens=limit
             )
         except transfer.ImportRefused as refused:
             form.add_error("file", str(refused))
         else:
             return redirect(imported)
-    context = {"import_form": form, "conversation_count": request.user.conversations.count()}
+    context = {
+        "import_form": form,
+        "conversation_count": request.user.conversations.count(),
+        "shared_links": sharing.shared_links_of(request.user),
+    }
     return render(request, "generation/your_data.html", context, status=400 if form.errors else 200)
 
 
@@ -472,12 +540,16 @@ def _page(
 
 
 def _conversation_page(user: User, page: int) -> tuple[Sequence[Mapping[str, Any]], bool]:
-    """One page of the user's conversations, newest first, and whether more follow.
+    """One page of the user's conversations not archived, and whether more follow: the
+    pinned first (newest pin first), then the rest, newest first.
 
     One query, rows as plain values: a conversation deleted meanwhile (say by a refused
     send in another tab) cannot make the page fetch it again."""
     start = (page - 1) * CONVERSATIONS_PER_PAGE
-    rows = list(user.conversations.values("id", "title")[start : start + CONVERSATIONS_PER_PAGE + 1])
+    listed = user.conversations.filter(archived_at__isnull=True).order_by(
+        F("pinned_at").desc(nulls_last=True), "-updated_at"
+    )
+    rows = list(listed.values("id", "title", "pinned_at")[start : start + CONVERSATIONS_PER_PAGE + 1])
     return rows[:CONVERSATIONS_PER_PAGE], len(rows) > CONVERSATIONS_PER_PAGE
 
 
@@ -488,12 +560,17 @@ def _thread(conversation: Conversation) -> list[tuple[Message, Versions]]:
 
 
 def _header_context(conversation: Conversation) -> dict[str, Any]:
-    return {"conversation": conversation, "rename_form": ConversationRenameForm(instance=conversation)}
+    return {
+        "conversation": conversation,
+        "rename_form": ConversationRenameForm(instance=conversation),
+        **sharing.share_panel_context(conversation),
+    }
 
 
 def _settings_form(request: HtmxHttpRequest, conversation: Conversation, data: Any = None) -> ConversationSettingsForm:
     limit = account_for(request.user).limits.max_tokens_per_request
-    return ConversationSettingsForm(data, instance=conversation, max_tokens_limit=limit)
+    models = services.models_to_choose(request.user)
+    return ConversationSettingsForm(data, instance=conversation, max_tokens_limit=limit, models=models)
 
 
 def _new_chat_settings_form(request: HtmxHttpRequest, posted: Any = None) -> ConversationSettingsForm:
