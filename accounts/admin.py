@@ -22,9 +22,10 @@ from django.utils import timezone
 
 from accounts.forms import ModelNamesField
 from accounts.key_cache import api_access_changed
-from accounts.models import Account, ApiKey, Plan, UsageDay, UsageRecord
+from accounts.models import KEY_LIMIT_FIELDS, Account, ApiKey, Plan, UsageDay, UsageRecord
 from accounts.services import api_key_revoke, usage_recount
 from accounts.usage_chart import usage_chart
+from infrastructure.spreadsheet import csv_cell
 
 LIMIT_FIELDS = ["requests_per_minute", "tokens_per_day", "max_concurrent_streams", "max_tokens_per_request"]
 DOCUMENT_LIMIT_FIELDS = ["max_documents_per_conversation", "max_document_bytes"]
@@ -101,12 +102,22 @@ class UserAdmin(ChangesApiAccess, BaseUserAdmin):  # type: ignore[misc]
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(ChangesApiAccess):
-    list_display = ["name", "user", "shown_prefix", "created_at", "last_used_at", "revoked_at"]
+    list_display = ["name", "user", "shown_prefix", "created_at", "last_used_at", "expires_at", "revoked_at"]
     list_filter = [("revoked_at", admin.EmptyFieldListFilter), "created_at", "last_used_at"]
     search_fields = ["name", "prefix", "user__username"]
     list_select_related = ["user"]
     # The hash never appears: not in the form, not read-only, not searchable.
-    fields = ["name", "user", "shown_prefix", "allowed_models", "created_at", "last_used_at", "revoked_at"]
+    fields = [
+        "name",
+        "user",
+        "shown_prefix",
+        "expires_at",
+        *KEY_LIMIT_FIELDS,
+        "allowed_models",
+        "created_at",
+        "last_used_at",
+        "revoked_at",
+    ]
     exclude = ["hashed"]
     readonly_fields = ["user", "shown_prefix", "created_at", "last_used_at", "revoked_at"]
     actions = ["revoke"]
@@ -125,19 +136,6 @@ class ApiKeyAdmin(ChangesApiAccess):
         for key in keys:
             api_key_revoke(key=key)
         self.message_user(request, f"Revoked {len(keys)} key(s).", messages.SUCCESS)
-
-
-# A spreadsheet runs a cell that starts with one of these as a formula; usernames and
-# model names are chosen by users ("CSV injection", OWASP).
-FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
-
-
-def _csv_cell(value: object) -> object:
-    """A CSV cell that a spreadsheet shows as written: text that would start a formula
-    gets OWASP's leading single quote; numbers stay numbers."""
-    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
-        return "'" + value
-    return value
 
 
 CSV_FIELDS = [
@@ -212,7 +210,7 @@ class UsageRecordAdmin(admin.ModelAdmin):
         writer.writerow(CSV_FIELDS)
         for record in queryset.select_related("user", "api_key").order_by("created_at", "pk"):
             writer.writerow(
-                _csv_cell(value)
+                csv_cell(value)
                 for value in [
                     record.pk,
                     record.created_at.isoformat(),

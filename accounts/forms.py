@@ -6,8 +6,9 @@ from django import forms
 from django.contrib.auth.forms import AuthenticationForm
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator
 
-from accounts.models import ApiKey
+from accounts.models import KEY_LIMIT_FIELDS, ApiKey, Limits
 
 
 class ApiKeyCreateForm(forms.Form):
@@ -19,10 +20,31 @@ class ApiKeyCreateForm(forms.Form):
         error_messages={"required": "Give the key a name, so you can tell it apart later."},
     )
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    expires_in_days = forms.IntegerField(
+        label="Expires after (days)",
+        required=False,
+        min_value=1,
+        max_value=3650,
+        help_text="Blank: never.",
+    )
+    requests_per_minute = forms.IntegerField(label="Requests per minute", required=False, min_value=1)
+    tokens_per_day = forms.IntegerField(label="Tokens per day", required=False, min_value=1)
+    max_concurrent_streams = forms.IntegerField(label="Answers streaming at once", required=False, min_value=1)
+
+    def __init__(self, *args: Any, limits: Limits | None = None, **kwargs: Any) -> None:
+        """`limits`: the owner's, which a key's own may not pass."""
         # The label reads exactly "Name" (no colon): browser tests find the field by it.
         kwargs.setdefault("label_suffix", "")
         super().__init__(*args, **kwargs)
+        for name in KEY_LIMIT_FIELDS:
+            field = self.fields[name]
+            assert isinstance(field, forms.IntegerField)
+            if limits is not None:
+                most = getattr(limits, name)
+                field.max_value = most
+                field.validators.append(MaxValueValidator(most, message=f"Your plan allows at most {most}."))
+                field.widget.attrs["max"] = most
+            field.help_text = "Blank: your plan's."
 
 
 class LoginForm(AuthenticationForm):

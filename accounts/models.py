@@ -129,6 +129,10 @@ class Account(models.Model):
         )
 
 
+# The limits an API key may have of its own, each within its owner's.
+KEY_LIMIT_FIELDS = ("requests_per_minute", "tokens_per_day", "max_concurrent_streams")
+
+
 def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
@@ -143,6 +147,13 @@ class ApiKey(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # Limits of the key's own, within its owner's (blank: the owner's alone): a service's
+    # key can be held to less than the person who made it. Checked at admission with the
+    # owner's (accounts.services); the x-ratelimit headers report the tighter of the two.
+    expires_at = models.DateTimeField(null=True, blank=True, help_text="Refused from then on. Blank: never.")
+    requests_per_minute = models.PositiveIntegerField(null=True, blank=True, help_text="Blank: the owner's.")
+    tokens_per_day = models.PositiveIntegerField(null=True, blank=True, help_text="Blank: the owner's.")
+    max_concurrent_streams = models.PositiveIntegerField(null=True, blank=True, help_text="Blank: the owner's.")
     # A narrowing of what the owner may use: a model outside it is, to this key, a model
     # that does not exist.
     allowed_models = models.JSONField(
@@ -159,6 +170,13 @@ class ApiKey(models.Model):
     @property
     def active(self) -> bool:
         return self.revoked_at is None
+
+    def expired(self, now: dt.datetime | None = None) -> bool:
+        return self.expires_at is not None and self.expires_at <= (now or timezone.now())
+
+    @property
+    def has_limits(self) -> bool:
+        return any(getattr(self, name) is not None for name in KEY_LIMIT_FIELDS)
 
     @staticmethod
     def generate() -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser, User
@@ -68,6 +68,27 @@ class Quota:
     def tokens_remaining(self) -> int:
         return max(0, self.limits.tokens_per_day - self.tokens_used_today)
 
+    def tighter(self, other: Quota | None) -> Quota:
+        """Per limit (requests, tokens), the one of the two with less left: what the
+        x-ratelimit headers report for a key with limits of its own."""
+        if other is None:
+            return self
+        requests = self if self.requests_remaining <= other.requests_remaining else other
+        tokens = self if self.tokens_remaining <= other.tokens_remaining else other
+        limits = replace(
+            self.limits,
+            requests_per_minute=requests.limits.requests_per_minute,
+            tokens_per_day=tokens.limits.tokens_per_day,
+            max_concurrent_streams=min(self.limits.max_concurrent_streams, other.limits.max_concurrent_streams),
+        )
+        return Quota(
+            limits=limits,
+            requests_remaining=requests.requests_remaining,
+            tokens_used_today=tokens.tokens_used_today,
+            requests_reset_s=requests.requests_reset_s,
+            tokens_reset_s=tokens.tokens_reset_s,
+        )
+
     def headers(self) -> dict[str, str]:
         """OpenAI's rate-limit headers."""
         return {
@@ -95,29 +116,72 @@ def account_for(user: User) -> Account:
         return account
 
 
-def quota_for(user: User, *, limits: Limits | None = None) -> Quota:
+def quota_for(user: User, *, limits: Limits | None = None, api_key: ApiKey | None = None) -> Quota:
+    """Where the user stands; through `api_key`, the tighter of it and its own limits."""
     limits = limits or account_for(user).limits
     now = timezone.now()
     window = request_log().look(_rate_key(user, limits), now=now.timestamp())
-    return Quota(
+    quota = Quota(
         limits=limits,
         requests_remaining=limits.requests_per_minute - window.count,
         tokens_used_today=_tokens_today(user, limits, now),
         requests_reset_s=math.ceil(window.empty_in_s),
         tokens_reset_s=_seconds_to_midnight(now),
     )
+    if api_key is None or not api_key.has_limits:
+        return quota
+    key_limits = key_limits_within(api_key, limits)
+    key_window = request_log().look(_key_rate_key(api_key), now=now.timestamp())
+    key_quota = Quota(
+        limits=key_limits,
+        requests_remaining=key_limits.requests_per_minute - key_window.count,
+        tokens_used_today=_key_tokens_today(api_key, now),
+        requests_reset_s=math.ceil(key_window.empty_in_s),
+        tokens_reset_s=_seconds_to_midnight(now),
+    )
+    return quota.tighter(key_quota)
 
 
-def usage_request_count(*, user: User, limits: Limits, requested_max_tokens: int | None) -> int:
+def key_limits_within(api_key: ApiKey, limits: Limits) -> Limits:
+    """The key's limits: its own where it has one, each capped by its owner's."""
+
+    def pick(field: str) -> int:
+        own = getattr(api_key, field)
+        return int(getattr(limits, field) if own is None else min(own, getattr(limits, field)))
+
+    return replace(
+        limits,
+        requests_per_minute=pick("requests_per_minute"),
+        tokens_per_day=pick("tokens_per_day"),
+        max_concurrent_streams=pick("max_concurrent_streams"),
+    )
+
+
+def usage_request_count(
+    *, user: User, limits: Limits, requested_max_tokens: int | None, api_key: ApiKey | None = None
+) -> int:
     """Count a generation request against the per-minute limit: the cheap checks, made first.
 
     The limit holds in any 60 seconds (accounts.rate_limit). Returns the requests of the
     last 60 s, this one included. Raises InvalidRequest (a max_tokens beyond the plan, not
     counted) or QuotaExceeded (rate_limit_exceeded, not counted either; Retry-After is when
     the oldest request of the window leaves it).
+
+    A key with a per-minute limit of its own is counted first, against its own window: a
+    request it refuses is not counted against the owner's minute (one the owner's limit
+    refuses still counts against the key's).
     """
     if requested_max_tokens is not None and requested_max_tokens > limits.max_tokens_per_request:
         raise InvalidRequest(f"max_tokens is at most {limits.max_tokens_per_request} on your plan.", param="max_tokens")
+    if api_key is not None and api_key.requests_per_minute is not None:
+        key_limit = min(api_key.requests_per_minute, limits.requests_per_minute)
+        key_window = request_log().admit(_key_rate_key(api_key), limit=key_limit, now=timezone.now().timestamp())
+        if not key_window.admitted:
+            raise QuotaExceeded(
+                "rate_limit_exceeded",
+                f"Rate limit reached: this key's {key_limit} requests per minute.",
+                retry_after=max(1, math.ceil(key_window.free_in_s)),
+            )
     limit = limits.requests_per_minute
     window = request_log().admit(_rate_key(user, limits), limit=limit, now=timezone.now().timestamp())
     if not window.admitted:
@@ -287,6 +351,9 @@ def usage_admit(
             retry_after=_seconds_to_midnight(now),
         )
     granted = min(max_tokens, remaining - prompt_tokens)
+    key_quota = None
+    if api_key is not None and api_key.has_limits:  # the account's lock serialises its keys too
+        key_quota, granted = _key_admit(api_key, limits, requests, prompt_tokens, granted, now)
     record = UsageRecord.objects.create(
         user=user,
         api_key=api_key,
@@ -308,7 +375,43 @@ def usage_admit(
         requests_reset_s=int(WINDOW_S),  # this request, just counted, is the window's newest
         tokens_reset_s=_seconds_to_midnight(now),
     )
-    return record, granted, quota
+    if key_quota is not None:
+        key_quota = replace(key_quota, tokens_used_today=key_quota.tokens_used_today + record.charged_tokens)
+    return record, granted, quota.tighter(key_quota)
+
+
+def _key_admit(
+    api_key: ApiKey, limits: Limits, requests: int, prompt_tokens: int, granted: int, now: dt.datetime
+) -> tuple[Quota, int]:
+    """Check a request against its key's own streams and day's tokens (under its owner's
+    row lock); the key's quota before this request's tokens, and the tokens granted."""
+    key_limits = key_limits_within(api_key, limits)
+    running = UsageRecord.objects.filter(api_key=api_key, status=UsageRecord.Status.STREAMING).count()
+    if running >= key_limits.max_concurrent_streams:
+        raise QuotaExceeded(
+            "too_many_concurrent_streams",
+            f"At most {key_limits.max_concurrent_streams} answers can stream at once with this key.",
+            retry_after=1,
+        )
+    used = _key_tokens_today(api_key, now)
+    remaining = key_limits.tokens_per_day - used
+    if remaining <= prompt_tokens:
+        spent = "used its day's" if remaining <= 0 else f"{remaining} left of its day's"
+        raise QuotaExceeded(
+            "insufficient_quota",
+            f"This request's prompt is {prompt_tokens} tokens and this key has {spent} "
+            f"{key_limits.tokens_per_day} tokens.",
+            retry_after=_seconds_to_midnight(now),
+        )
+    window = request_log().look(_key_rate_key(api_key), now=now.timestamp())
+    quota = Quota(
+        limits=key_limits,
+        requests_remaining=key_limits.requests_per_minute - (window.count if api_key.requests_per_minute else requests),
+        tokens_used_today=used,
+        requests_reset_s=int(WINDOW_S),
+        tokens_reset_s=_seconds_to_midnight(now),
+    )
+    return quota, min(granted, remaining - prompt_tokens)
 
 
 def usage_finish(
@@ -481,10 +584,15 @@ def usage_rollup(*, days: int = 2, now: dt.datetime | None = None) -> int:
     return len(rows)
 
 
-def api_key_create(*, user: User, name: str) -> tuple[ApiKey, str]:
-    """Make a key; the plain key is returned this once and never stored."""
+def api_key_create(
+    *, user: User, name: str, expires_at: dt.datetime | None = None, **limits: int | None
+) -> tuple[ApiKey, str]:
+    """Make a key, with limits of its own if given (KEY_LIMIT_FIELDS); the plain key is
+    returned this once and never stored."""
     plain = ApiKey.generate()
-    key = ApiKey.objects.create(user=user, name=name, prefix=plain[:10], hashed=hash_key(plain))
+    key = ApiKey.objects.create(
+        user=user, name=name, prefix=plain[:10], hashed=hash_key(plain), expires_at=expires_at, **limits
+    )
     return key, plain
 
 
@@ -512,6 +620,8 @@ def api_key_authenticate(plain: str) -> ApiKey | None:
     if not key.matches(plain):
         return None
     now = timezone.now()
+    if key.expired(now):  # read from the key itself, remembered or not: refused in every process at once
+        return None
     # Write last-used at most once a minute: a hot key would otherwise write every request.
     if key.last_used_at is None or now - key.last_used_at > dt.timedelta(minutes=1):
         ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
@@ -531,6 +641,18 @@ def _rate_key(user: User, limits: Limits) -> str:
     if limits.guest_address:  # one window for all the guests of an address
         return f"ratelimit:guests:{limits.guest_address}"
     return f"ratelimit:{user.pk}"
+
+
+def _key_rate_key(api_key: ApiKey) -> str:
+    return f"ratelimit:key:{api_key.pk}"
+
+
+def _key_tokens_today(api_key: ApiKey, now: dt.datetime) -> int:
+    """The key's charged tokens today: summed from the ledger (only keys with limits of
+    their own are asked, at their admissions and on their responses)."""
+    start = dt.datetime.combine(_ledger_date(now), dt.time(), tzinfo=dt.UTC)
+    total = UsageRecord.objects.filter(api_key=api_key, created_at__gte=start).aggregate(tokens=charged_tokens_sum())
+    return int(total["tokens"] or 0)
 
 
 def _ledger_sharers(user: User, limits: Limits, today: dt.date) -> QuerySet[Account]:

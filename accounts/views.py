@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import datetime as dt
 import math
 from typing import Any
 
@@ -22,7 +23,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from accounts.client_address import client_ip
 from accounts.decorators import guests_enabled, members_only
 from accounts.forms import ApiKeyCreateForm, LoginForm
-from accounts.models import ApiKey
+from accounts.models import KEY_LIMIT_FIELDS, ApiKey
 from accounts.services import (
     QuotaExceeded,
     account_for,
@@ -156,13 +157,20 @@ def locked_out(
 @require_http_methods(["GET", "POST"])
 def keys(request: AuthenticatedHttpRequest) -> HttpResponse:
     """The user's API keys; a POST makes one and shows its plain key this once."""
-    form = ApiKeyCreateForm(request.POST or None)
+    limits = account_for(request.user).limits
+    form = ApiKeyCreateForm(request.POST or None, limits=limits)
     if request.method == "GET":
         return _keys_page(request, form)
     if not form.is_valid():
         return _keys_page(request, form, status=400)
-    _, plain_key = api_key_create(user=request.user, name=form.cleaned_data["name"])
-    return _keys_page(request, ApiKeyCreateForm(), plain_key=plain_key, status=201)
+    days = form.cleaned_data["expires_in_days"]
+    _, plain_key = api_key_create(
+        user=request.user,
+        name=form.cleaned_data["name"],
+        expires_at=timezone.now() + dt.timedelta(days=days) if days else None,
+        **{name: form.cleaned_data[name] for name in KEY_LIMIT_FIELDS},
+    )
+    return _keys_page(request, ApiKeyCreateForm(limits=limits), plain_key=plain_key, status=201)
 
 
 @login_required

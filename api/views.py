@@ -91,7 +91,7 @@ def api_view(*methods: str, public: bool = False) -> Callable[[View], View]:
 
             if caller is not None:
                 try:
-                    quota = caller.quota or await in_database_thread(quota_for, caller.user)
+                    quota = caller.quota or await in_database_thread(quota_for, caller.user, api_key=caller.key)
                 except UNREACHABLE:  # the counters are in Redis: the response goes without them
                     quota = None
                 for name, value in quota.headers().items() if quota else ():

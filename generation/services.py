@@ -169,7 +169,7 @@ def generation_admit(
     if unsupported := sorted(params.extra.keys() - runner.features(model)):
         raise InvalidRequest(f"The model {model!r} does not support {unsupported[0]}.", param=unsupported[0])
     limits = account.limits
-    requests = usage_request_count(user=user, limits=limits, requested_max_tokens=requested_max_tokens)
+    requests = usage_request_count(user=user, limits=limits, requested_max_tokens=requested_max_tokens, api_key=api_key)
     prompt_tokens = runner.count_prompt_tokens(model, prompt)
     try:
         room = check_prompt(prompt_tokens, runner.context_length(model))
