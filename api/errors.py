@@ -22,6 +22,8 @@ logger = logging.getLogger(__name__)
 ResponseT = TypeVar("ResponseT", bound=HttpResponseBase)
 
 API_PREFIX = "/v1/"
+# vLLM's paths, at the site's root as on vLLM: the API's all the same.
+API_ROOT_PATHS = ("/tokenize", "/detokenize")
 ERROR_TYPES = {
     400: "invalid_request_error",
     401: "invalid_request_error",
@@ -104,12 +106,17 @@ def finish(response: ResponseT, request_id: str) -> ResponseT:
 Handler = Callable[..., HttpResponse]
 
 
+def is_api_path(path: str) -> bool:
+    """Whether `path` (without the script prefix) is the API's, answered with its error object."""
+    return path.startswith(API_PREFIX) or path in API_ROOT_PATHS
+
+
 def api_or_page(status: int, page: Handler) -> Handler:
     """Django's handler of an error `status` (handler400 … handler500): the API's error
-    object under /v1/, Django's page elsewhere."""
+    object on the API's paths, Django's page elsewhere."""
 
     def handler(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        if not request.path_info.startswith(API_PREFIX):
+        if not is_api_path(request.path_info):
             return page(request, *args, **kwargs)
         request_id = request_id_of(request)
         if status == 404:

@@ -5,7 +5,13 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-from api.schemas import ChatCompletionRequest, CompletionRequest
+from api.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+)
 from inference.streams import MAX_SEQUENCE
 
 ERROR = {"$ref": "#/components/schemas/Error"}
@@ -74,10 +80,11 @@ def _ok(description: str, schema: str, *, stream: bool = False, cached: bool = F
 
 
 def _responses(
-    ok: dict[str, Any], *, sent: bool = False, model: bool = False, streamed: bool = False
+    ok: dict[str, Any], *, sent: bool = False, model: bool = False, streamed: bool = False, loads: bool = False
 ) -> dict[str, Any]:
     """`ok` and the errors an operation may answer: those of a body if `sent`, of a generation
-    if `model`, of an event stream (too_many_connections) if `streamed`."""
+    if `model`, of an event stream (too_many_connections) if `streamed`, of a model that may
+    be loading (503) if `loads`."""
     statuses = [400, 401, 404, 405, 500]
     if sent:
         statuses.append(413)
@@ -85,6 +92,8 @@ def _responses(
         statuses += [429, 503]
     elif streamed:
         statuses.append(429)
+    if loads and not model:
+        statuses.append(503)
     responses: dict[str, Any] = {"200": ok}
     for status in sorted(statuses):
         headers = {"X-Request-Id": REQUEST_ID}
@@ -179,6 +188,17 @@ RESPONSE_SCHEMAS: dict[str, Any] = {
             },
         }
     ),
+    "TokenizeResponse": {
+        "type": "object",
+        "properties": {
+            "count": INTEGER,
+            "max_model_len": INTEGER,
+            "tokens": {"type": "array", "items": INTEGER},
+            "token_strs": {"type": "array", "items": STRING, "description": "With return_token_strs"},
+        },
+        "required": ["count", "max_model_len", "tokens"],
+    },
+    "DetokenizeResponse": _object({"prompt": STRING}),
     "StreamCancellation": _object(
         {"id": STRING, "object": {"const": "stream.cancellation"}, "cancelled": {"type": "boolean"}}
     ),
@@ -193,6 +213,9 @@ RESPONSE_SCHEMAS: dict[str, Any] = {
         }
     ),
 }
+
+# Where vLLM has them: the site's root, not /v1.
+ROOT = [{"url": "/"}]
 
 _STREAM_ID = {
     "name": "id",
@@ -223,7 +246,13 @@ def openapi_document() -> dict[str, Any]:
         'an error after the stream began is a data: {"error": …} event before [DONE]'
     )
     schemas: dict[str, Any] = dict(RESPONSE_SCHEMAS)
-    for model in (ChatCompletionRequest, CompletionRequest):
+    for model in (
+        ChatCompletionRequest,
+        CompletionRequest,
+        TokenizeCompletionRequest,
+        TokenizeChatRequest,
+        DetokenizeRequest,
+    ):
         generated = model.model_json_schema(ref_template="#/components/schemas/{model}")
         schemas.update(generated.pop("$defs", {}))
         schemas[model.__name__] = generated
@@ -295,6 +324,39 @@ def openapi_document() -> dict[str, Any]:
                 "get": {
                     "summary": "Your plan, what you used and what is left",
                     "responses": _responses(_ok("Plan, requests and tokens: limits, used, remaining, resets", "Usage")),
+                }
+            },
+            # vLLM's, at the site's root as there; not counted against a plan.
+            "/tokenize": {
+                "post": {
+                    "summary": "A prompt's tokens, or a chat's as the model's template renders it (vLLM's)",
+                    "servers": ROOT,
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "oneOf": [
+                                        {"$ref": "#/components/schemas/TokenizeCompletionRequest"},
+                                        {"$ref": "#/components/schemas/TokenizeChatRequest"},
+                                    ]
+                                }
+                            }
+                        },
+                    },
+                    "responses": _responses(
+                        _ok("The tokens, their count and the model's context length", "TokenizeResponse"),
+                        sent=True,
+                        loads=True,
+                    ),
+                }
+            },
+            "/detokenize": {
+                "post": {
+                    "summary": "The text of token ids (vLLM's)",
+                    "servers": ROOT,
+                    "requestBody": body("DetokenizeRequest"),
+                    "responses": _responses(_ok("The text", "DetokenizeResponse"), sent=True, loads=True),
                 }
             },
         },

@@ -15,6 +15,7 @@ from pydantic import (
     ValidationInfo,
     WithJsonSchema,
     field_validator,
+    model_validator,
 )
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, PydanticCustomError, core_schema
@@ -330,3 +331,74 @@ class CompletionRequest(CompletionOptions):
 
     def text(self) -> str:
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+
+# /tokenize and /detokenize, in vLLM's shapes. They generate nothing: the caps only bound one
+# request's work, at about 100,000 tokens either way.
+MAX_TOKENIZE_CHARS = 400_000
+MAX_DETOKENIZE_TOKENS = 100_000
+# Beyond any vocabulary; the model's own range is checked against its tokenizer.
+TOKEN_ID_MAX = 2**31 - 1
+TokenId = Annotated[int, Field(ge=0, le=TOKEN_ID_MAX), INTEGRAL]
+ReturnTokenStrs = Annotated[bool | None, Field(description="Also answer each token's string, as token_strs.")]
+
+
+class TokenizeCompletionRequest(Strict):
+    model: str
+    prompt: Annotated[str, Field(max_length=MAX_TOKENIZE_CHARS)]
+    add_special_tokens: Annotated[bool, Field(description="Add the tokenizer's special tokens (a BOS).")] = True
+    return_token_strs: ReturnTokenStrs = False
+
+
+class TokenizeChatRequest(Strict):
+    # The rule of _one_ending, in the document.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "not": {
+                "required": ["continue_final_message", "add_generation_prompt"],
+                "properties": {"continue_final_message": {"const": True}, "add_generation_prompt": {"const": True}},
+            }
+        }
+    )
+
+    model: str
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)]
+    add_generation_prompt: Annotated[
+        bool | None,
+        Field(description="End with the assistant's turn opening. Default: true, unless continue_final_message."),
+    ] = None
+    continue_final_message: Annotated[
+        bool, Field(description="Leave the last message open, to be continued; not with add_generation_prompt.")
+    ] = False
+    add_special_tokens: Annotated[
+        bool, Field(description="Add the tokenizer's special tokens on top of the chat template's.")
+    ] = False
+    return_token_strs: ReturnTokenStrs = False
+
+    @field_validator("messages")
+    @classmethod
+    def _bounded(cls, messages: list[ChatMessage]) -> list[ChatMessage]:
+        if sum(len(message.text()) for message in messages) > MAX_TOKENIZE_CHARS:
+            raise PydanticCustomError(
+                "too_long", "The messages are at most {limit} characters in all", {"limit": MAX_TOKENIZE_CHARS}
+            )
+        return messages
+
+    @model_validator(mode="after")
+    def _one_ending(self) -> TokenizeChatRequest:
+        if self.continue_final_message and self.add_generation_prompt:
+            raise PydanticCustomError(
+                "conflict", "continue_final_message and add_generation_prompt cannot both be true"
+            )
+        return self
+
+    def chat(self) -> list[dict[str, Any]]:
+        return [message.as_prompt() for message in self.messages]
+
+    def generation_prompt(self) -> bool:
+        return not self.continue_final_message if self.add_generation_prompt is None else self.add_generation_prompt
+
+
+class DetokenizeRequest(Strict):
+    model: str
+    tokens: Annotated[list[TokenId], Field(max_length=MAX_DETOKENIZE_TOKENS)]

@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
-from functools import wraps
-from typing import Any
+from functools import partial, wraps
+from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -20,20 +20,29 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponseBase, JsonResponse
 from django.shortcuts import render
 from django.views.decorators.csrf import csrf_exempt
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
+from pydantic_core import from_json
 
 from accounts.models import ApiKey, UsageRecord
 from accounts.services import Quota, account_for, api_key_authenticate, quota_for
 from api.chunks import DONE, Completion, WholeAnswer, completion_events, error_of, openai_finish_reason
 from api.errors import ApiError, body_too_large, finish, internal_error, invalid_url, request_id_of
 from api.openapi import openapi_document
-from api.schemas import ChatCompletionRequest, CompletionOptions, CompletionRequest
+from api.schemas import (
+    ChatCompletionRequest,
+    CompletionOptions,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+)
 from generation import connection_limits
 from generation.backends import runtime
 from generation.connection_limits import Held, TooManyConnections
 from generation.refusals import REFUSALS, UNREACHABLE, Refusal, refusal_of
 from generation.services import generation_cancel, generation_start, models_for
-from inference.generators import Prompt
+from generation.tokenizing import ModelTokenizer, tokenizer_for
+from inference.generators import Prompt, UnfitPrompt, UnknownTokenId
 from inference.streams import StreamNotFound
 from infrastructure import logs, sse
 from infrastructure.database import in_database_thread
@@ -44,6 +53,7 @@ STREAM_PREFIXES = {"chatcmpl-": "chat", "cmpl-": "text"}
 CACHE_HEADER = "x-chatsite-cache"
 
 View = Callable[..., Coroutine[Any, Any, HttpResponseBase]]
+Schema = TypeVar("Schema", bound=BaseModel)
 
 
 @dataclass
@@ -107,7 +117,7 @@ def _authenticate(request: HttpRequest) -> ApiKey:
     authorization = request.headers.get("Authorization", "")
     scheme, _, token = authorization.partition(" ")
     plain = token.strip() if scheme.lower() == "bearer" else request.headers.get("X-API-Key", "").strip()
-    key = api_key_authenticate(plain) if plain else None
+    key = api_key_authenticate(plain, request=request) if plain else None
     if key is None:
         raise ApiError(401, "Invalid or missing API key. Send 'Authorization: Bearer <key>'.", code="invalid_api_key")
     return key
@@ -192,6 +202,33 @@ async def usage(request: HttpRequest, caller: Caller) -> HttpResponseBase:
             "max_tokens_per_request": limits.max_tokens_per_request,
         }
     )
+
+
+@api_view("POST")
+async def tokenize(request: HttpRequest, caller: Caller) -> HttpResponseBase:
+    """vLLM's /tokenize: a prompt's tokens, or a chat's as the model's template renders it."""
+    body = _parse(request, _tokenize_form(request))
+    model = await _model_tokenizer(caller, body.model)
+    try:
+        tokens = await sync_to_async(_tokenize_work(body, model), thread_sensitive=False)()
+    except UnfitPrompt as unfit:
+        raise ApiError(400, str(unfit), param="messages") from None
+    answer: dict[str, Any] = {"count": len(tokens), "max_model_len": model.max_model_len, "tokens": tokens}
+    if body.return_token_strs:
+        answer["token_strs"] = model.tokenizer.token_strings(tokens)
+    return JsonResponse(answer)
+
+
+@api_view("POST")
+async def detokenize(request: HttpRequest, caller: Caller) -> HttpResponseBase:
+    """vLLM's /detokenize: the text of token ids."""
+    body = _parse(request, DetokenizeRequest)
+    model = await _model_tokenizer(caller, body.model)
+    try:
+        prompt = await sync_to_async(model.tokenizer.detokenize, thread_sensitive=False)(body.tokens)
+    except UnknownTokenId as unknown:
+        raise ApiError(400, str(unknown), param="tokens") from None
+    return JsonResponse({"prompt": prompt})
 
 
 @api_view("GET", public=True)
@@ -394,7 +431,40 @@ async def _owned_completion(caller: Caller, completion_id: str) -> Completion:
     )
 
 
-def _parse(request: HttpRequest, schema: type[CompletionOptions]) -> CompletionOptions:
+def _tokenize_form(request: HttpRequest) -> type[TokenizeCompletionRequest | TokenizeChatRequest]:
+    """The chat form for a body with messages, else the prompt's (whose parsing refuses any other)."""
+    try:
+        fields = from_json(request.body)
+    except (RequestDataTooBig, ValueError):
+        return TokenizeCompletionRequest
+    return TokenizeChatRequest if isinstance(fields, dict) and "messages" in fields else TokenizeCompletionRequest
+
+
+async def _model_tokenizer(caller: Caller, model: str) -> ModelTokenizer:
+    try:
+        return await in_database_thread(tokenizer_for, user=caller.user, model=model, api_key=caller.key)
+    except REFUSALS as error:
+        refusal = refusal_of(error)
+        raise _refused(refusal, param=refusal.param) from None
+
+
+def _tokenize_work(body: TokenizeCompletionRequest | TokenizeChatRequest, model: ModelTokenizer) -> partial[list[int]]:
+    """The tokenizing `body` asks for, to run off the event loop."""
+    tokenizer = model.tokenizer
+    if isinstance(body, TokenizeCompletionRequest):
+        return partial(tokenizer.tokenize, body.prompt, add_special_tokens=body.add_special_tokens)
+    if not tokenizer.has_chat_template:
+        raise ApiError(400, f"The model {body.model!r} has no chat template: send a prompt.", param="messages")
+    return partial(
+        tokenizer.tokenize,
+        body.chat(),
+        add_special_tokens=body.add_special_tokens,
+        add_generation_prompt=body.generation_prompt(),
+        continue_final_message=body.continue_final_message,
+    )
+
+
+def _parse(request: HttpRequest, schema: type[Schema]) -> Schema:
     try:
         raw = request.body
     except RequestDataTooBig:

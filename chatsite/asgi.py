@@ -18,7 +18,7 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 
-from api.errors import API_PREFIX  # noqa: E402
+from api.errors import API_PREFIX, API_ROOT_PATHS  # noqa: E402
 from chatsite import daphne_limits  # noqa: E402
 from chatsite.body_limit import BodyLimit, install_in_daphne  # noqa: E402
 from chatsite.handlers import ProgramsHandler  # noqa: E402
@@ -32,7 +32,7 @@ settings_check_or_stop()  # no management command ran before daphne: a bad model
 logger = logging.getLogger(__name__)
 
 programs_asgi_app = ProgramsHandler()
-PROGRAM_PATHS = (API_PREFIX, "/healthz", "/readyz", "/metrics")
+PROGRAM_PATHS = (API_PREFIX, *API_ROOT_PATHS, "/healthz", "/readyz", "/metrics")
 
 
 async def http_application(scope: dict[str, Any], receive: Any, send: Any) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 from daphne import http_protocol
 from django.conf import settings
 
-from api.errors import API_PREFIX, body_too_large
+from api.errors import body_too_large, is_api_path
 from infrastructure import logs
 
 logger = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ def body_limit() -> int | None:
 
 def refusal(path: str, limit: int) -> tuple[bytes, bytes]:
     """The 413's content type and body for a request to `path` (its root path removed)."""
-    if path.startswith(API_PREFIX):
+    if is_api_path(path):
         return b"application/json", json.dumps(body_too_large(limit).body()).encode()
     return b"text/plain; charset=utf-8", f"Request body too large: at most {limit} bytes.\n".encode()
 

@@ -12,7 +12,7 @@ import threading
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
-from inference.generators import GenerationParams, Prompt
+from inference.generators import ChatTokenizer, GenerationParams, Prompt
 
 
 class LedgerVerdict:
@@ -105,6 +105,12 @@ class GenerationBackend(Protocol):
 
     def context_length(self, model: str) -> int:
         """Prompt and answer tokens the model holds; EngineOverloaded while it loads."""
+        ...
+
+    def tokenizer(self, model: str) -> ChatTokenizer | None:
+        """The tokenizer that counts `model`'s prompts (/tokenize and /detokenize); None where
+        there is no real one (the synthetic model, a model server's without one configured).
+        EngineOverloaded while it loads."""
         ...
 
     def submit(self, task: GenerationTask) -> str:

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from jinja2 import TemplateError
+
 from inference.registry import ModelSpec
 
 logger = logging.getLogger(__name__)
@@ -55,6 +57,10 @@ class ContextLengthExceeded(UnfitPrompt):
 
 class EmptyPrompt(UnfitPrompt):
     pass
+
+
+class UnknownTokenId(ValueError):
+    """A token id outside the model's vocabulary."""
 
 
 def check_prompt(prompt_tokens: int, context_length: int) -> int:
@@ -120,6 +126,50 @@ class ChatTokenizer:
     def check_room(self, prompt_tokens: int) -> int:
         """How many tokens the context leaves for the answer; UnfitPrompt if the prompt can't run."""
         return check_prompt(prompt_tokens, self.context_length)
+
+    # /tokenize and /detokenize (vLLM's), with the tokenizer that counts the prompts.
+    @property
+    def vocabulary_size(self) -> int:
+        """Token ids run from 0 to this, added tokens included."""
+        return len(self.tokenizer)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(self.tokenizer.chat_template)
+
+    def tokenize(
+        self,
+        prompt: Prompt,
+        *,
+        add_special_tokens: bool,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+    ) -> list[int]:
+        """A text's tokens, or a chat's as its template renders it. The template writes the
+        chat's special tokens itself: `add_special_tokens` adds the tokenizer's (a BOS) too."""
+        if not isinstance(prompt, str):
+            try:
+                prompt = self.tokenizer.apply_chat_template(
+                    prompt,
+                    tokenize=False,
+                    add_generation_prompt=add_generation_prompt,
+                    continue_final_message=continue_final_message,
+                )
+            except (TemplateError, ValueError) as refused:  # its raise_exception(), or roles out of turn
+                raise UnfitPrompt(f"The model's chat template refuses these messages: {refused}") from None
+        return [int(token) for token in self.tokenizer(prompt, add_special_tokens=add_special_tokens)["input_ids"]]
+
+    def token_strings(self, tokens: list[int]) -> list[str]:
+        return [str(piece) for piece in self.tokenizer.convert_ids_to_tokens(tokens)]
+
+    def detokenize(self, tokens: list[int]) -> str:
+        """The text of token ids, special tokens included (as vLLM); UnknownTokenId for an id
+        outside the vocabulary."""
+        size = self.vocabulary_size
+        unknown = next((token for token in tokens if not 0 <= token < size), None)
+        if unknown is not None:
+            raise UnknownTokenId(f"Token id {unknown} is not in the model's vocabulary (0 to {size - 1}).")
+        return str(self.tokenizer.decode(tokens, skip_special_tokens=False))
 
 
 def context_length_of(config: Any) -> int:

@@ -37,6 +37,11 @@ def _loaded(holder: Any) -> ChatTokenizer | Generator:
     return holder.generator  # type: ignore[no-any-return]
 
 
+def _real_tokenizer(holder: ChatTokenizer | Generator | None) -> ChatTokenizer | None:
+    """A model's tokenizer; None for the synthetic model, which only estimates its counts."""
+    return holder if isinstance(holder, ChatTokenizer) else None
+
+
 class InProcessBackend:
     """Generations run on this process's own engines (GENERATION_BACKEND=inprocess)."""
 
@@ -54,6 +59,9 @@ class InProcessBackend:
 
     def context_length(self, model: str) -> int:
         return _loaded(runtime.local_engine(model)).context_length
+
+    def tokenizer(self, model: str) -> ChatTokenizer | None:
+        return _real_tokenizer(_loaded(runtime.local_engine(model)))
 
     def submit(self, task: GenerationTask) -> str:
         runtime.local_engine(task.model).submit(job_for(task))
@@ -131,6 +139,9 @@ class CeleryBackend:
 
     def context_length(self, model: str) -> int:
         return _loaded(self.dispatcher(model)).context_length
+
+    def tokenizer(self, model: str) -> ChatTokenizer | None:
+        return _real_tokenizer(_loaded(self.dispatcher(model)))
 
     def submit(self, task: GenerationTask) -> str:
         if self._stopping.is_set():
@@ -245,6 +256,10 @@ class UpstreamBackend:
                 )
             return self._tokenizers[name]
 
+    def tokenizer(self, model: str) -> ChatTokenizer | None:
+        # Without one configured, the model server's own /tokenize is the one to ask.
+        return _real_tokenizer(self._tokenizer(model))
+
     def context_length(self, model: str) -> int:
         self.refresh()
         lengths = [e.context_length for e in self.pool.endpoints(model) if e.context_length]
@@ -347,6 +362,9 @@ class ModelRouter:
 
     def context_length(self, model: str) -> int:
         return self._for(model).context_length(model)
+
+    def tokenizer(self, model: str) -> ChatTokenizer | None:
+        return self._for(model).tokenizer(model)
 
     def submit(self, task: GenerationTask) -> str:
         return self._for(task.model).submit(task)
