@@ -21,6 +21,26 @@ RUN if [ -n "$TORCH_INDEX" ]; then \
     fi \
  && python -m pip install --require-hashes --no-deps -r requirements-models.lock
 
+# LDAP log-in (docs/operations.md: LDAP), an optional extra: python-ldap comes as source and
+# is built here against Debian's headers, which go again, leaving the libraries it links.
+# `--build-arg INSTALL_LDAP=0` leaves it out.
+ARG INSTALL_LDAP=1
+COPY requirements-ldap.lock ./
+RUN if [ "$INSTALL_LDAP" = 1 ]; then \
+      saved="$(apt-mark showmanual)" \
+ &&   apt-get update \
+ &&   apt-get install -y --no-install-recommends gcc libc6-dev libldap2-dev libsasl2-dev \
+ &&   python -m pip install --require-hashes -r requirements-ldap.lock \
+ &&   apt-mark auto '.*' > /dev/null \
+ &&   { [ -z "$saved" ] || apt-mark manual $saved > /dev/null; } \
+ &&   find /usr/local -name '_ldap*.so' -exec ldd '{}' ';' \
+        | awk '/=>/ { so = $(NF-1); if (index(so, "/usr/local/") == 1) { next }; gsub("^/(usr/)?", "", so); printf "*%s\n", so }' \
+        | sort -u | xargs -r dpkg-query --search | cut -d: -f1 | sort -u | xargs -r apt-mark manual \
+ &&   apt-get purge -y --auto-remove -o APT::AutoRemove::RecommendsImportant=false \
+ &&   rm -rf /var/lib/apt/lists/* \
+ &&   python -c "import ldap, django_auth_ldap"; \
+    fi
+
 COPY . .
 RUN DJANGO_SECRET_KEY=collectstatic-only python manage.py collectstatic --noinput --verbosity 0 \
  && rm -f .env.local \

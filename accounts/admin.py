@@ -22,18 +22,23 @@ from django.utils import timezone
 
 from accounts.forms import ModelNamesField
 from accounts.key_cache import api_access_changed
-from accounts.models import KEY_LIMIT_FIELDS, Account, ApiKey, Plan, UsageDay, UsageRecord
+from accounts.models import KEY_LIMIT_FIELDS, Account, ApiKey, Plan, Price, UsageDay, UsageRecord
+from accounts.prices import cost_shown, cost_text
 from accounts.services import api_key_revoke, usage_recount
 from accounts.usage_chart import usage_chart
+from audit.admin import AuditedAdmin
+from audit.models import AuditRecord
+from audit.services import audit_record, target_of
 from infrastructure.spreadsheet import csv_cell
 
 LIMIT_FIELDS = ["requests_per_minute", "tokens_per_day", "max_concurrent_streams", "max_tokens_per_request"]
 DOCUMENT_LIMIT_FIELDS = ["max_documents_per_conversation", "max_document_bytes"]
 
 
-class ChangesApiAccess(admin.ModelAdmin):
+class ChangesApiAccess(AuditedAdmin):
     """An admin whose saves and deletions change who may use an API key, or with what limits:
-    each makes every process read its remembered keys afresh (accounts.key_cache)."""
+    each makes every process read its remembered keys afresh (accounts.key_cache). Each is
+    recorded in the audit trail, with the fields it changed (AuditedAdmin)."""
 
     formfield_overrides = {models.JSONField: {"form_class": ModelNamesField}}  # allowed_models
 
@@ -91,8 +96,22 @@ class UserAdmin(ChangesApiAccess, BaseUserAdmin):  # type: ignore[misc]
 
     @admin.action(description="Approve selected users (activate their accounts)", permissions=["change"])
     def approve(self, request: HttpRequest, queryset: QuerySet[User]) -> None:
-        approved = queryset.filter(is_active=False).update(is_active=True)
+        waiting = list(queryset.filter(is_active=False))
+        approved = User.objects.filter(pk__in=[user.pk for user in waiting]).update(is_active=True)
+        for user in waiting:
+            target = target_of(user, user.get_username())
+            audit_record(action=AuditRecord.Action.USER_APPROVED, target=target, request=request)
         self.message_user(request, f"Approved {approved} user(s): they can log in now.", messages.SUCCESS)
+
+    def user_change_password(self, request: HttpRequest, id: str, form_url: str = "") -> HttpResponse:
+        """Django's set-password page for a user, recorded in the audit trail once it saves."""
+        response = super().user_change_password(request, id, form_url)
+        if request.method == "POST" and response.status_code == 302:
+            user = self.get_object(request, id)
+            if user is not None:
+                target = target_of(user, user.get_username())
+                audit_record(action=AuditRecord.Action.PASSWORD_CHANGED, target=target, request=request)
+        return response
 
     @admin.display(description="plan", ordering="account__plan__name")
     def plan(self, user: User) -> str:
@@ -134,7 +153,7 @@ class ApiKeyAdmin(ChangesApiAccess):
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
         keys = list(queryset.filter(revoked_at__isnull=True))
         for key in keys:
-            api_key_revoke(key=key)
+            api_key_revoke(key=key, request=request)
         self.message_user(request, f"Revoked {len(keys)} key(s).", messages.SUCCESS)
 
 
@@ -152,7 +171,28 @@ CSV_FIELDS = [
     "completion_tokens",
     "ttft_ms",
     "duration_ms",
+    "cost",
+    "cost_currency",
 ]
+
+
+@admin.register(Price)
+class PriceAdmin(AuditedAdmin):
+    """Prices per million tokens; a change is a new price from a later date, so that the
+    requests admitted before it keep theirs."""
+
+    list_display = [
+        "model",
+        "valid_from",
+        "currency",
+        "input_per_million",
+        "cached_input_per_million",
+        "output_per_million",
+        "charge_cache_hits",
+    ]
+    list_filter = ["model", "currency", "charge_cache_hits"]
+    search_fields = ["model"]
+    date_hierarchy = "valid_from"
 
 
 @admin.register(UsageRecord)
@@ -170,6 +210,7 @@ class UsageRecordAdmin(admin.ModelAdmin):
         "cache",
         "ttft_ms",
         "duration_ms",
+        "shown_cost",
     ]
     list_filter = [
         "channel",
@@ -225,9 +266,17 @@ class UsageRecordAdmin(admin.ModelAdmin):
                     record.completion_tokens,
                     "" if record.ttft_ms is None else record.ttft_ms,
                     "" if record.duration_ms is None else record.duration_ms,
+                    "" if record.cost is None else cost_text(record.cost),
+                    record.cost_currency,
                 ]
             )
+        count = queryset.count()
+        audit_record(action=AuditRecord.Action.EXPORT, target=f"accounts.usagerecord, {count} records", request=request)
         return response
+
+    @admin.display(description="cost", ordering="cost")
+    def shown_cost(self, record: UsageRecord) -> str:
+        return "" if record.cost is None else f"{cost_shown(record.cost)} {record.cost_currency}"
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         """The ledger, under a chart of the last 30 days' tokens per day per plan."""

@@ -3,7 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from django import forms
-from django.contrib.auth.forms import AuthenticationForm
+from django.contrib.auth.forms import AuthenticationForm, UserCreationForm, UsernameField
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator
@@ -104,3 +104,30 @@ class ModelNamesField(forms.JSONField):
 
     def prepare_value(self, value: Any) -> str:
         return "\n".join(value) if isinstance(value, list) else str(value or "")
+
+
+class SignupForm(UserCreationForm):  # type: ignore[type-arg]
+    """Django's sign-up form (username, password1, password2) and an optional e-mail
+    address, where a password reset is sent."""
+
+    email = forms.EmailField(
+        label="E-mail (optional)",
+        required=False,
+        help_text="Only to reset a forgotten password.",
+        widget=forms.EmailInput(attrs={"autocomplete": "email"}),
+    )
+
+    class Meta:  # UserCreationForm's, with the e-mail address
+        model = User
+        fields = ("username", "email")
+        field_classes = {"username": UsernameField}
+
+
+class EmailForm(forms.ModelForm):  # type: ignore[type-arg]
+    """The address a password reset is sent to; blank: none."""
+
+    class Meta:
+        model = User
+        fields = ("email",)
+        labels = {"email": "E-mail"}
+        help_texts = {"email": "Where a link to reset a forgotten password is sent. Blank: none."}

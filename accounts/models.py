@@ -5,9 +5,10 @@ import hashlib
 import hmac
 import secrets
 from dataclasses import dataclass
+from decimal import Decimal
 
 from django.conf import settings
-from django.core.validators import MaxValueValidator, MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Case, F, Sum, When
 from django.utils import timezone
@@ -58,6 +59,12 @@ class Plan(models.Model):
     )
     max_conversations = models.PositiveIntegerField(
         null=True, blank=True, help_text="Conversations a user of this plan may keep. Blank: no limit."
+    )
+    # The twofactor app asks for it: users without an authenticator are sent to set one up.
+    require_two_factor = models.BooleanField(
+        "require two-factor",
+        default=False,
+        help_text="Users of this plan must log in with a code from an authenticator app too (guests excepted).",
     )
 
     class Meta:
@@ -195,6 +202,59 @@ class ApiKey(models.Model):
             self.save(update_fields=["revoked_at"])
 
 
+# A cost is kept to 10 decimal places: a token of a cheap model costs about 1e-8.
+COST_DIGITS = 18
+COST_PLACES = 10
+PRICE_DIGITS = 12
+PRICE_PLACES = 6
+
+
+class Price(models.Model):
+    """A model's price per million tokens from `valid_from` on, until a later price of it.
+
+    A request pays the price valid when it was admitted (accounts.prices.price_at).
+    """
+
+    model = models.CharField(max_length=200, help_text="The model's name, as in /v1/models.")
+    currency = models.CharField(
+        max_length=3,
+        default="USD",
+        validators=[RegexValidator(r"^[A-Z]{3}$", "A three-letter code in capitals, such as USD.")],
+    )
+    input_per_million = models.DecimalField(
+        "input", max_digits=PRICE_DIGITS, decimal_places=PRICE_PLACES, validators=[MinValueValidator(Decimal(0))]
+    )
+    cached_input_per_million = models.DecimalField(
+        "cached input",
+        max_digits=PRICE_DIGITS,
+        decimal_places=PRICE_PLACES,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(Decimal(0))],
+        help_text="The prompt of an answer from the response cache. Blank: the input price.",
+    )
+    output_per_million = models.DecimalField(
+        "output", max_digits=PRICE_DIGITS, decimal_places=PRICE_PLACES, validators=[MinValueValidator(Decimal(0))]
+    )
+    charge_cache_hits = models.BooleanField(
+        "charge the output of cache hits",
+        default=False,
+        help_text="An answer from the response cache: its output at the output price. Off: its output costs nothing.",
+    )
+    valid_from = models.DateTimeField(default=timezone.now, help_text="Requests admitted from then on pay this price.")
+
+    class Meta:
+        ordering = ["model", "-valid_from"]
+        constraints = [models.UniqueConstraint(fields=["model", "valid_from"], name="price_unique_start")]
+
+    def __str__(self) -> str:
+        return f"{self.model} from {self.valid_from:%Y-%m-%d %H:%M} ({self.currency})"
+
+    @property
+    def cached_input(self) -> Decimal:
+        return self.input_per_million if self.cached_input_per_million is None else self.cached_input_per_million
+
+
 class GenerationStatus(models.TextChoices):
     """Where a generation stands: its usage record's status and its chat answer's alike."""
 
@@ -242,6 +302,10 @@ class UsageRecord(models.Model):
     ttft_ms = models.PositiveIntegerField(null=True, blank=True)
     duration_ms = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    # What it cost at the model's price when it was admitted (accounts.prices), set as it
+    # settles; null while it streams and where the model had no price.
+    cost = models.DecimalField(max_digits=COST_DIGITS, decimal_places=COST_PLACES, null=True, blank=True)
+    cost_currency = models.CharField(max_length=3, blank=True)
 
     class Meta:
         ordering = ["-created_at"]

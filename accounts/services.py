@@ -6,12 +6,14 @@ import datetime as dt
 import math
 import secrets
 from dataclasses import dataclass, replace
+from decimal import Decimal
 
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser, User
 from django.db import transaction
 from django.db.models import Count, F, Max, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce, Greatest, TruncDate
+from django.http import HttpRequest
 from django.utils import timezone
 
 from accounts import key_cache
@@ -30,7 +32,11 @@ from accounts.models import (
     charged_tokens_sum,
     hash_key,
 )
+from accounts.prices import cost_of, price_at, spend_of
 from accounts.rate_limit import WINDOW_S, request_log
+from audit.models import AuditRecord
+from audit.services import audit_record, target_of
+from infrastructure.metrics import observe_spend
 
 
 class QuotaExceeded(Exception):
@@ -203,6 +209,20 @@ def signup_admit(*, address: str | None) -> None:
         raise QuotaExceeded(
             "rate_limit_exceeded",
             f"Too many new accounts from your address: at most {limit} a minute.",
+            retry_after=max(1, math.ceil(window.free_in_s)),
+        )
+
+
+def password_reset_admit(*, address: str | None) -> None:
+    """Count a password-reset e-mail asked for from `address`: at most
+    PASSWORD_RESETS_PER_MINUTE in any 60 s, so that the form cannot flood a mailbox (nor
+    the mail server). Raises QuotaExceeded, Retry-After when a place frees."""
+    limit = settings.PASSWORD_RESETS_PER_MINUTE
+    window = request_log().admit(f"password-reset:{address}", limit=limit, now=timezone.now().timestamp())
+    if not window.admitted:
+        raise QuotaExceeded(
+            "rate_limit_exceeded",
+            f"Too many password resets asked for from your address: at most {limit} a minute.",
             retry_after=max(1, math.ceil(window.free_in_s)),
         )
 
@@ -442,11 +462,15 @@ def usage_finish(
     )
 
 
-def usage_finish_from_cache(*, stream_id: str, finish_reason: str, ttft_ms: int, duration_ms: int) -> None:
+def usage_finish_from_cache(
+    *, stream_id: str, finish_reason: str, ttft_ms: int, duration_ms: int, answer_tokens: int = 0
+) -> None:
     """Settle a request the response cache answered: a request, its prompt's tokens, and
-    no completion tokens (nothing was generated)."""
+    no completion tokens (nothing was generated). Its cost is a cache hit's at the model's
+    price (accounts.prices.cost_of), the cached answer's `answer_tokens` its output."""
     _usage_settle(
         stream_id,
+        cached_answer_tokens=answer_tokens,
         status=UsageRecord.Status.COMPLETE,
         finish_reason=finish_reason,
         completion_tokens=0,
@@ -485,22 +509,57 @@ def usage_recount(*, user_ids: list[int], now: dt.datetime | None = None) -> Non
         Account.objects.bulk_update(accounts, ["ledger_day", "ledger_day_tokens"])
 
 
-def _usage_settle(stream_id: str, **fields: object) -> None:
+def _usage_settle(stream_id: str, *, cached_answer_tokens: int | None = None, **fields: object) -> None:
+    """Save a record's final figures, and its cost at the price valid when it was admitted."""
     with transaction.atomic():
         record = _record_locked(stream_id)
         if record is None:
             return
         charged_before = record.charged_tokens
+        cost_before = record.cost if record.cost is not None else Decimal(0)
         for name, value in fields.items():
             setattr(record, name, value)
+        price = price_at(record.model, record.created_at)
+        if price is not None:
+            record.cost = cost_of(
+                price,
+                prompt_tokens=record.prompt_tokens,
+                completion_tokens=record.completion_tokens if cached_answer_tokens is None else cached_answer_tokens,
+                cached=cached_answer_tokens is not None,
+            )
+            record.cost_currency = price.currency
+            fields = {**fields, "cost": record.cost, "cost_currency": record.cost_currency}
         record.save(update_fields=list(fields))
         _ledger_day_add(record, record.charged_tokens - charged_before)
+        if record.cost is not None and record.cost > cost_before:  # a settlement run twice counts once
+            _spend_count(record, record.cost - cost_before)
+
+
+def _spend_count(record: UsageRecord, amount: Decimal) -> None:
+    """Add a settled record's cost to the spend metric once its transaction commits."""
+    plan = Account.objects.filter(user_id=record.user_id).values_list("plan__name", flat=True).first() or ""
+    model, currency = record.model, record.cost_currency
+    transaction.on_commit(lambda: observe_spend(model=model, plan=plan, currency=currency, amount=amount))
+
+
+def usage_spend_today(*, user: User, now: dt.datetime | None = None) -> dict[str, Decimal]:
+    """The user's spend on today's (UTC) settled records, by currency."""
+    midnight = dt.datetime.combine(_ledger_date(now or timezone.now()), dt.time(), tzinfo=dt.UTC)
+    return spend_of(UsageRecord.objects.filter(user=user, created_at__gte=midnight))
 
 
 def _record_locked(stream_id: str) -> UsageRecord | None:
-    """The record with what its charge and its day need (a whole record costs a third more)."""
+    """The record with what its charge, its day and its cost need (a whole record costs a third more)."""
     records = UsageRecord.objects.select_for_update().only(
-        "user", "created_at", "status", "prompt_tokens", "reserved_tokens", "completion_tokens"
+        "user",
+        "created_at",
+        "status",
+        "prompt_tokens",
+        "reserved_tokens",
+        "completion_tokens",
+        "model",
+        "cost",
+        "cost_currency",
     )
     try:
         return records.get(stream_id=stream_id)
@@ -585,7 +644,12 @@ def usage_rollup(*, days: int = 2, now: dt.datetime | None = None) -> int:
 
 
 def api_key_create(
-    *, user: User, name: str, expires_at: dt.datetime | None = None, **limits: int | None
+    *,
+    user: User,
+    name: str,
+    expires_at: dt.datetime | None = None,
+    request: HttpRequest | None = None,
+    **limits: int | None,
 ) -> tuple[ApiKey, str]:
     """Make a key, with limits of its own if given (KEY_LIMIT_FIELDS); the plain key is
     returned this once and never stored."""
@@ -593,28 +657,45 @@ def api_key_create(
     key = ApiKey.objects.create(
         user=user, name=name, prefix=plain[:10], hashed=hash_key(plain), expires_at=expires_at, **limits
     )
+    audit_record(action=AuditRecord.Action.KEY_CREATED, actor=user, target=api_key_target(key), request=request)
     return key, plain
 
 
-def api_key_revoke(*, key: ApiKey) -> None:
+def api_key_revoke(*, key: ApiKey, request: HttpRequest | None = None) -> None:
     """Revoke a key: refused from the very next request on, by every process."""
+    was_active = key.active
     key.revoke()
     key_cache.api_access_changed()
+    if was_active:
+        audit_record(action=AuditRecord.Action.KEY_REVOKED, target=api_key_target(key), request=request)
 
 
-def api_key_authenticate(plain: str) -> ApiKey | None:
+def api_key_target(key: ApiKey) -> str:
+    """A key as the audit trail names it: by id and display prefix, never more of the key."""
+    return target_of(key, f"{key.prefix}…")
+
+
+def api_key_authenticate(plain: str, *, request: HttpRequest | None = None) -> ApiKey | None:
     """The active key matching `plain`, with its user and their account; marks it used.
 
     A key seen before comes from this process's memory while the access version is
     unchanged (accounts.key_cache): a revocation is refused on the very next request.
+    A revoked key is never remembered: each attempt with one reaches the database and is
+    recorded in the audit trail.
     """
     hashed = hash_key(plain)
     version = key_cache.access_version()
     key = key_cache.remembered_key(hashed, version)
     if key is None:
         keys = ApiKey.objects.select_related("user__account__plan")
-        key = keys.filter(hashed=hashed, revoked_at__isnull=True).first()
-        if key is None or not key.user.is_active or _is_guest_key(key):
+        key = keys.filter(hashed=hashed).first()  # revoked too, to record the attempt: one query still
+        if key is None:
+            return None
+        if key.revoked_at is not None:
+            target = api_key_target(key)
+            audit_record(action=AuditRecord.Action.REVOKED_KEY_USED, target=target, request=request)
+            return None
+        if not key.user.is_active or _is_guest_key(key):
             return None
         key_cache.remember_key(hashed, version, key)
     if not key.matches(plain):

@@ -14,15 +14,16 @@ from django.contrib.auth.decorators import login_required
 from django.contrib.auth.forms import UserCreationForm
 from django.contrib.auth.models import User
 from django.db.models import Max
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse_lazy
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from accounts.client_address import client_ip
 from accounts.decorators import guests_enabled, members_only
-from accounts.forms import ApiKeyCreateForm, LoginForm
+from accounts.forms import ApiKeyCreateForm, EmailForm, LoginForm, SignupForm
 from accounts.models import KEY_LIMIT_FIELDS, ApiKey
 from accounts.services import (
     QuotaExceeded,
@@ -31,10 +32,14 @@ from accounts.services import (
     api_key_revoke,
     guest_convert,
     guest_create,
+    password_reset_admit,
     quota_for,
     signup_admit,
     user_is_guest,
 )
+from audit.models import AuditRecord
+from audit.services import audit_record, target_of
+from twofactor.login import PasswordThenCodeLoginView
 
 # A guest's session lasts as long as the guest may stay idle before the purge removes it.
 DAY_S = 24 * 60 * 60
@@ -51,9 +56,9 @@ def signup(request: HttpRequest) -> HttpResponse:
     """Sign-up as CHAT_SIGNUP says: open, waiting for an admin's approval, or closed (403)."""
     if request.user.is_authenticated:
         return redirect("generation:chat")
-    if settings.CHAT_SIGNUP == "closed":
+    if not _signup_open():
         return render(request, "accounts/signup_closed.html", status=403)
-    form: UserCreationForm[User] = UserCreationForm(request.POST or None)
+    form = SignupForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
             signup_admit(address=client_ip(request))
@@ -64,6 +69,7 @@ def signup(request: HttpRequest) -> HttpResponse:
         user = form.save(commit=False)
         user.is_active = settings.CHAT_SIGNUP == "open"
         user.save()
+        _signup_recorded(request, user)
         if not user.is_active:
             return redirect("accounts:signup_pending")
         login(request, user, backend="django.contrib.auth.backends.ModelBackend")
@@ -73,13 +79,46 @@ def signup(request: HttpRequest) -> HttpResponse:
     return render(request, "accounts/signup.html", context, status=status)
 
 
+def _signup_recorded(request: HttpRequest, user: User) -> None:
+    audit_record(action=AuditRecord.Action.SIGNUP, actor=user, target=target_of(user, user.username), request=request)
+
+
 @require_GET
 def signup_pending(request: HttpRequest) -> HttpResponse:
     return render(request, "accounts/signup_pending.html")
 
 
-class LoginView(auth_views.LoginView):
-    """Django's log-in page, offering sign-up unless it is closed."""
+class PasswordChangeView(auth_views.PasswordChangeView):
+    """Django's password change, recorded in the audit trail."""
+
+    template_name = "accounts/password_change.html"
+    success_url = reverse_lazy("accounts:password_change_done")
+
+    def form_valid(self, form: Any) -> HttpResponse:
+        response = super().form_valid(form)
+        user = form.user
+        target = target_of(user, user.get_username())
+        audit_record(action=AuditRecord.Action.PASSWORD_CHANGED, actor=user, target=target, request=self.request)
+        return response
+
+
+class PasswordResetConfirmView(auth_views.PasswordResetConfirmView):
+    """Django's new password from a reset link, recorded in the audit trail."""
+
+    template_name = "accounts/password_reset_confirm.html"
+    success_url = reverse_lazy("accounts:password_reset_complete")
+
+    def form_valid(self, form: Any) -> HttpResponse:
+        response = super().form_valid(form)
+        user = form.user
+        target = target_of(user, user.get_username())
+        audit_record(action=AuditRecord.Action.PASSWORD_CHANGED, actor=user, target=target, request=self.request)
+        return response
+
+
+class LoginView(PasswordThenCodeLoginView):
+    """Django's log-in page, offering sign-up unless it is closed; a user with two-factor log-in
+    is asked for a code after the password (twofactor)."""
 
     template_name = "accounts/login.html"
     redirect_authenticated_user = True
@@ -87,7 +126,25 @@ class LoginView(auth_views.LoginView):
 
     def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
         context = super().get_context_data(**kwargs)
-        return {**context, "signup_open": settings.CHAT_SIGNUP != "closed", "guests_on": settings.CHAT_GUEST}
+        return {
+            **context,
+            "signup_open": _signup_open(),
+            "guests_on": settings.CHAT_GUEST,
+            "password_login": settings.CHAT_PASSWORD_LOGIN,
+            "sso_name": settings.CHAT_OIDC_NAME if settings.CHAT_OIDC_ISSUER else "",
+        }
+
+    def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not settings.CHAT_PASSWORD_LOGIN:  # single sign-on only; superusers still log in at /admin/
+            response = self.get(request, *args, **kwargs)
+            response.status_code = 403
+            return response
+        return super().post(request, *args, **kwargs)
+
+
+def _signup_open() -> bool:
+    """Sign-up makes password accounts: none while CHAT_SIGNUP is closed or password log-ins are off."""
+    return settings.CHAT_SIGNUP != "closed" and settings.CHAT_PASSWORD_LOGIN
 
 
 @guests_enabled
@@ -125,6 +182,7 @@ def guest_keep(request: AuthenticatedHttpRequest) -> HttpResponse:
         active = settings.CHAT_SIGNUP == "open"
         user = form.instance
         guest_convert(user=user, username=user.username, password=form.cleaned_data["password1"], active=active)
+        _signup_recorded(request, user)
         if not active:
             logout(request)
             return redirect("accounts:signup_pending")
@@ -168,6 +226,7 @@ def keys(request: AuthenticatedHttpRequest) -> HttpResponse:
         user=request.user,
         name=form.cleaned_data["name"],
         expires_at=timezone.now() + dt.timedelta(days=days) if days else None,
+        request=request,
         **{name: form.cleaned_data[name] for name in KEY_LIMIT_FIELDS},
     )
     return _keys_page(request, ApiKeyCreateForm(limits=limits), plain_key=plain_key, status=201)
@@ -178,7 +237,7 @@ def keys(request: AuthenticatedHttpRequest) -> HttpResponse:
 @require_POST
 def key_revoke(request: AuthenticatedHttpRequest, key_id: int) -> HttpResponse:
     key = get_object_or_404(ApiKey, pk=key_id, user=request.user)
-    api_key_revoke(key=key)
+    api_key_revoke(key=key, request=request)
     messages.success(request, f"Revoked the key “{key.name}”. Requests with it are now refused.")
     return redirect("accounts:keys")
 
@@ -195,3 +254,46 @@ def _keys_page(
         "quota": quota_for(request.user, limits=account.limits),
     }
     return render(request, "accounts/keys.html", context, status=status)
+
+
+class PasswordResetView(auth_views.PasswordResetView):
+    """Django's password reset by e-mail, or, with no e-mail set up (EMAIL_HOST), a page
+    that says an administrator resets passwords.
+
+    The page says the same whether an account has the address or not, and at most
+    PASSWORD_RESETS_PER_MINUTE are asked for from one client address in any minute.
+    A mail server that fails is logged by Django, and the page says the same again.
+    """
+
+    template_name = "accounts/password_reset_form.html"
+    email_template_name = "accounts/password_reset_email.txt"
+    subject_template_name = "accounts/password_reset_subject.txt"
+    success_url = reverse_lazy("accounts:password_reset_done")
+
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        if not settings.CHAT_EMAIL:
+            return render(request, "accounts/password_reset_unavailable.html")
+        return super().dispatch(request, *args, **kwargs)
+
+    def form_valid(self, form: Any) -> HttpResponse:
+        try:
+            password_reset_admit(address=client_ip(self.request))
+        except QuotaExceeded as refusal:
+            response = self.render_to_response(self.get_context_data(form=form, refusal=refusal.message), status=429)
+            response["Retry-After"] = str(refusal.retry_after)
+            return response
+        return super().form_valid(form)
+
+
+@login_required
+@members_only
+@require_http_methods(["GET", "POST"])
+def email(request: AuthenticatedHttpRequest) -> HttpResponse:
+    """The account's e-mail address, where a password reset is sent."""
+    form = EmailForm(request.POST or None, instance=request.user)
+    if request.method == "POST" and form.is_valid():
+        form.save()
+        messages.success(request, "Saved your e-mail address.")
+        return redirect("accounts:email")
+    status = 400 if request.method == "POST" else 200
+    return render(request, "accounts/email.html", {"form": form, "email_on": settings.CHAT_EMAIL}, status=status)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
+from accounts.prices import cost_text
 from inference.streams import StreamEvent, coalesced
 from infrastructure import sse
 
@@ -54,10 +56,14 @@ class Completion:
             "text_completion", [{"index": 0, "text": content or "", "finish_reason": finish_reason, "logprobs": None}]
         )
 
-    def usage_chunk(self, usage: dict[str, int]) -> dict[str, Any]:
+    def usage_chunk(self, usage: dict[str, int], cost: tuple[Decimal, str] | None = None) -> dict[str, Any]:
+        """The usage chunk; with the request's cost and its currency as fields of ours, if priced."""
+        priced: dict[str, Any] = dict(usage)
+        if cost is not None:
+            priced |= {"cost": cost_text(cost[0]), "currency": cost[1]}
         return {
             **self._envelope("chat.completion.chunk" if self.kind == "chat" else "text_completion", []),
-            "usage": usage,
+            "usage": priced,
         }
 
     def whole(self, answer: WholeAnswer, finish_reason: str, usage: dict[str, int]) -> dict[str, Any]:
@@ -127,13 +133,22 @@ def status_comment(data: dict[str, Any]) -> bytes:
     """A wait in the queue as a comment line: people reading the raw stream see it, clients skip it."""
     if data.get("state") == "queued":
         return sse.comment(f"queued, {data['ahead']} ahead")
+    if data.get("state") == "loading":  # freed while idle (CHAT_MODEL_IDLE_UNLOAD_S), loaded again
+        return sse.comment("loading model")
     return sse.comment(str(data.get("state", "status")))
 
 
-def completion_events(completion: Completion, events: list[StreamEvent], *, include_usage: bool) -> bytes:
+def completion_events(
+    completion: Completion,
+    events: list[StreamEvent],
+    *,
+    include_usage: bool,
+    cost: tuple[Decimal, str] | None = None,
+) -> bytes:
     """Format a batch of stream events as OpenAI SSE chunks; consecutive tokens coalesce.
 
     `status` events become comment lines: OpenAI clients must see no chunk they don't know.
+    `cost` (the settled request's, and its currency) goes in the usage chunk.
     """
     out: list[bytes] = []
     for event in coalesced(events):
@@ -148,7 +163,7 @@ def completion_events(completion: Completion, events: list[StreamEvent], *, incl
             reason = openai_finish_reason(event.data["finish_reason"])
             out.append(sse.event(completion.chunk(finish_reason=reason), id=event.seq))
             if include_usage:
-                out.append(sse.event(completion.usage_chunk(event.data["usage"]), id=event.seq))
+                out.append(sse.event(completion.usage_chunk(event.data["usage"], cost), id=event.seq))
             out.append(DONE)
         elif event.type == "error":
             out.append(sse.event({"error": error_of(event.data)}, id=event.seq))

@@ -5,10 +5,13 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
+from api.changelog import API_VERSION
 from api.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    EmbeddingRequest,
+    ResponseCreateRequest,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
 )
@@ -27,6 +30,21 @@ STREAM = {
         "data": {"type": "string", "pattern": r"^(\{.*\}|\[DONE\])$"},
     },
     "required": ["data"],
+}
+# A Responses stream's events (POST /v1/responses with stream, GET /v1/responses/{id}?stream=true).
+RESPONSE_STREAM = {
+    "type": "object",
+    "description": "A server-sent event of OpenAI's Responses stream: `id:` and the data's sequence_number, "
+    "`event:` and the data's type (response.created, response.in_progress, response.output_item.added, "
+    "response.content_part.added, response.output_text.delta…, response.output_text.done, "
+    "response.content_part.done, response.output_item.done, then response.completed, response.incomplete or "
+    "response.failed). Comment lines (`: ping`, `: queued, N ahead`) are no events.",
+    "properties": {
+        "id": {"type": "string", "pattern": "^[0-9]+$"},
+        "event": {"type": "string", "pattern": "^response\\."},
+        "data": {"type": "string", "pattern": r"^\{.*\}$"},
+    },
+    "required": ["id", "event", "data"],
 }
 RATE_LIMIT_HEADERS = (
     "x-ratelimit-limit-requests",
@@ -49,7 +67,7 @@ _STATUS = {
     400: "invalid_request_error: bad JSON, a wrong type, an out-of-range value, an unknown field; "
     "context_length_exceeded",
     401: "invalid_api_key",
-    404: "model_not_found, stream_not_found, or an unknown path",
+    404: "model_not_found, stream_not_found, response_not_found, or an unknown path",
     405: "Another method than the path's (with Allow)",
     413: "request_too_large: the body is over the size allowed",
     429: "rate_limit_exceeded, insufficient_quota, too_many_concurrent_streams or too_many_connections "
@@ -65,16 +83,29 @@ CACHE = _header(
     required=False,
     schema={"enum": ["hit", "miss"]},
 )
+COST = _header(
+    "What the answer cost at its model's price when it was admitted, a plain decimal string "
+    "(e.g. 0.0000123000), in the currency of x-chatsite-cost-currency. Absent where the model has no price",
+    required=False,
+    schema={"type": "string", "pattern": "^[0-9]+\\.[0-9]+$"},
+)
+COST_CURRENCY = _header("The currency of x-chatsite-cost (e.g. USD)", required=False)
 
 
-def _ok(description: str, schema: str, *, stream: bool = False, cached: bool = False) -> dict[str, Any]:
+def _ok(
+    description: str, schema: str, *, stream: bool = False, cached: bool = False, events: dict[str, Any] = STREAM
+) -> dict[str, Any]:
     content: dict[str, Any] = {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}
     if stream:
-        content["text/event-stream"] = {"schema": STREAM}
+        content["text/event-stream"] = {"schema": events}
     headers = {
         "X-Request-Id": REQUEST_ID,
         **{name: _header("OpenAI's rate-limit header") for name in RATE_LIMIT_HEADERS},
-        **({"x-chatsite-cache": CACHE} if cached else {}),
+        **(
+            {"x-chatsite-cache": CACHE, "x-chatsite-cost": COST, "x-chatsite-cost-currency": COST_CURRENCY}
+            if cached
+            else {}
+        ),
     }
     return {"description": description, "headers": headers, "content": content}
 
@@ -120,6 +151,7 @@ def _object(properties: dict[str, Any], **extra: Any) -> dict[str, Any]:
 
 INTEGER = {"type": "integer"}
 STRING = {"type": "string"}
+NULLABLE_NUMBER = {"type": ["number", "null"]}
 FINISH_REASON = {"enum": ["stop", "length", "tool_calls", "content_filter"]}
 RESPONSE_SCHEMAS: dict[str, Any] = {
     "Error": _object(
@@ -134,7 +166,18 @@ RESPONSE_SCHEMAS: dict[str, Any] = {
             )
         }
     ),
-    "CompletionUsage": _object({"prompt_tokens": INTEGER, "completion_tokens": INTEGER, "total_tokens": INTEGER}),
+    "CompletionUsage": {
+        "type": "object",
+        "properties": {
+            "prompt_tokens": INTEGER,
+            "completion_tokens": INTEGER,
+            "total_tokens": INTEGER,
+            # Ours, in a stream's usage chunk where the model has a price.
+            "cost": {"type": "string", "description": "The request's cost (a stream's usage chunk, if priced)"},
+            "currency": {"type": "string", "description": "The currency of cost"},
+        },
+        "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
+    },
     "ChatCompletion": _object(
         {
             "id": {"type": "string", "pattern": "^chatcmpl-"},
@@ -184,8 +227,40 @@ RESPONSE_SCHEMAS: dict[str, Any] = {
             "object": {"const": "list"},
             "data": {
                 "type": "array",
-                "items": _object({"id": STRING, "object": {"const": "model"}, "created": INTEGER, "owned_by": STRING}),
+                "items": _object(
+                    {
+                        "id": STRING,
+                        "object": {"const": "model"},
+                        "created": INTEGER,
+                        "owned_by": STRING,
+                        # Ours: which endpoint takes it.
+                        "kind": {
+                            "enum": ["chat", "embedding"],
+                            "description": "chat: completions and responses; embedding: /embeddings",
+                        },
+                    }
+                ),
             },
+        }
+    ),
+    "EmbeddingList": _object(
+        {
+            "object": {"const": "list"},
+            "data": {
+                "type": "array",
+                "items": _object(
+                    {
+                        "object": {"const": "embedding"},
+                        "index": INTEGER,
+                        "embedding": {
+                            "anyOf": [{"type": "array", "items": {"type": "number"}}, STRING],
+                            "description": "Numbers, or with encoding_format base64 the float32 little-endian bytes",
+                        },
+                    }
+                ),
+            },
+            "model": STRING,
+            "usage": _object({"prompt_tokens": INTEGER, "total_tokens": INTEGER}),
         }
     ),
     "TokenizeResponse": {
@@ -199,6 +274,70 @@ RESPONSE_SCHEMAS: dict[str, Any] = {
         "required": ["count", "max_model_len", "tokens"],
     },
     "DetokenizeResponse": _object({"prompt": STRING}),
+    "Response": _object(
+        {
+            "id": {"type": "string", "pattern": "^resp_"},
+            "object": {"const": "response"},
+            "created_at": INTEGER,
+            "status": {"enum": ["completed", "incomplete", "cancelled", "failed", "in_progress"]},
+            "background": {"type": "boolean"},
+            "completed_at": {"type": ["integer", "null"]},
+            "error": {"anyOf": [_object({"code": STRING, "message": STRING}), {"type": "null"}]},
+            "incomplete_details": {"anyOf": [_object({"reason": STRING}), {"type": "null"}]},
+            "instructions": {"type": ["string", "null"]},
+            "max_output_tokens": {"type": ["integer", "null"]},
+            "metadata": {"type": "object", "additionalProperties": STRING},
+            "model": STRING,
+            "output": {
+                "type": "array",
+                "items": _object(
+                    {
+                        "id": {"type": "string", "pattern": "^msg_"},
+                        "type": {"const": "message"},
+                        "role": {"const": "assistant"},
+                        "status": {"enum": ["in_progress", "completed", "incomplete"]},
+                        "content": {
+                            "type": "array",
+                            "items": _object(
+                                {
+                                    "type": {"const": "output_text"},
+                                    "text": STRING,
+                                    "annotations": {"type": "array", "maxItems": 0},
+                                    "logprobs": {"type": "array", "maxItems": 0},
+                                }
+                            ),
+                        },
+                    }
+                ),
+            },
+            "parallel_tool_calls": {"const": False},
+            "previous_response_id": {"type": ["string", "null"]},
+            "service_tier": STRING,
+            "store": {"type": "boolean"},
+            "temperature": NULLABLE_NUMBER,
+            "text": {"type": "object"},
+            "tool_choice": STRING,
+            "tools": {"type": "array", "maxItems": 0},
+            "top_p": NULLABLE_NUMBER,
+            "truncation": {"const": "disabled"},
+            "usage": {
+                "anyOf": [
+                    _object(
+                        {
+                            "input_tokens": INTEGER,
+                            "input_tokens_details": _object({"cached_tokens": INTEGER}),
+                            "output_tokens": INTEGER,
+                            "output_tokens_details": _object({"reasoning_tokens": INTEGER}),
+                            "total_tokens": INTEGER,
+                        }
+                    ),
+                    {"type": "null"},
+                ]
+            },
+            "user": {"type": "null"},
+        }
+    ),
+    "ResponseDeleted": _object({"id": STRING, "object": {"const": "response.deleted"}, "deleted": {"const": True}}),
     "StreamCancellation": _object(
         {"id": STRING, "object": {"const": "stream.cancellation"}, "cancelled": {"type": "boolean"}}
     ),
@@ -210,6 +349,11 @@ RESPONSE_SCHEMAS: dict[str, Any] = {
             "tokens": _object({"per_day": INTEGER, "used": INTEGER, "remaining": INTEGER, "resets_in_s": INTEGER}),
             "max_concurrent_streams": INTEGER,
             "max_tokens_per_request": INTEGER,
+            "spend_today": {
+                "type": "object",
+                "additionalProperties": STRING,
+                "description": "Today's (UTC) cost of settled requests by currency, as decimal strings; {} if unpriced",
+            },
         }
     ),
 }
@@ -223,6 +367,15 @@ _STREAM_ID = {
     "required": True,
     "schema": {"type": "string"},
     "description": "The completion's id, e.g. chatcmpl-…",
+}
+
+
+_RESPONSE_ID = {
+    "name": "response_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string"},
+    "description": "The response's id, resp_…",
 }
 
 
@@ -252,6 +405,8 @@ def openapi_document() -> dict[str, Any]:
         TokenizeCompletionRequest,
         TokenizeChatRequest,
         DetokenizeRequest,
+        ResponseCreateRequest,
+        EmbeddingRequest,
     ):
         generated = model.model_json_schema(ref_template="#/components/schemas/{model}")
         schemas.update(generated.pop("$defs", {}))
@@ -260,7 +415,7 @@ def openapi_document() -> dict[str, Any]:
         "openapi": "3.1.0",
         "info": {
             "title": "chatsite API",
-            "version": "1",
+            "version": API_VERSION,
             "description": "OpenAI-compatible streaming chat API. Authenticate with 'Authorization: Bearer <key>' "
             "(or 'X-API-Key: <key>'); keys are made at /accounts/keys/. Every response carries "
             "x-ratelimit-* headers. The request fields OpenAI documents are accepted at their neutral "
@@ -302,6 +457,15 @@ def openapi_document() -> dict[str, Any]:
                     ),
                 }
             },
+            "/embeddings": {
+                "post": {
+                    "summary": "Create embeddings: a unit vector per input text (an embedding model of /models)",
+                    "requestBody": body("EmbeddingRequest"),
+                    "responses": _responses(
+                        _ok("An OpenAI list of embeddings, with usage", "EmbeddingList"), sent=True, model=True
+                    ),
+                }
+            },
             "/streams/{id}": {
                 "get": {
                     "summary": "Resume a streamed completion after Last-Event-ID (or ?after=), then follow it live",
@@ -318,6 +482,60 @@ def openapi_document() -> dict[str, Any]:
                     "summary": "Stop a generation you own",
                     "parameters": [_STREAM_ID],
                     "responses": _responses(_ok("Whether a running generation was stopped", "StreamCancellation")),
+                }
+            },
+            "/responses": {
+                "post": {
+                    "summary": "Create a response (OpenAI's Responses API)",
+                    "requestBody": body("ResponseCreateRequest"),
+                    "responses": _responses(
+                        _ok(
+                            "The response; with background, at once and in progress; with stream=true a "
+                            "text/event-stream of the Responses events, numbered by sequence_number",
+                            "Response",
+                            stream=True,
+                            events=RESPONSE_STREAM,
+                        ),
+                        sent=True,
+                        model=True,
+                    ),
+                }
+            },
+            "/responses/{response_id}": {
+                "get": {
+                    "summary": "A stored response of yours; with stream=true its events after starting_after, "
+                    "then live",
+                    "parameters": [
+                        _RESPONSE_ID,
+                        {"name": "stream", "in": "query", "schema": {"type": "boolean"}},
+                        {
+                            "name": "starting_after",
+                            "in": "query",
+                            "schema": {"type": "integer", "minimum": -1, "maximum": MAX_SEQUENCE},
+                            "description": "The sequence_number after which to resume the stream",
+                        },
+                    ],
+                    "responses": _responses(
+                        _ok(
+                            "The response, or a text/event-stream of its events",
+                            "Response",
+                            stream=True,
+                            events=RESPONSE_STREAM,
+                        ),
+                        streamed=True,
+                    ),
+                },
+                "delete": {
+                    "summary": "Delete a stored response of yours",
+                    "parameters": [_RESPONSE_ID],
+                    "responses": _responses(_ok("The response is deleted", "ResponseDeleted")),
+                },
+            },
+            "/responses/{response_id}/cancel": {
+                "post": {
+                    "summary": "Stop a stored response of yours that is in progress",
+                    "parameters": [_RESPONSE_ID],
+                    "responses": _responses(_ok("The response as it ended", "Response")),
                 }
             },
             "/usage": {

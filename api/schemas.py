@@ -402,3 +402,201 @@ class TokenizeChatRequest(Strict):
 class DetokenizeRequest(Strict):
     model: str
     tokens: Annotated[list[TokenId], Field(max_length=MAX_DETOKENIZE_TOKENS)]
+
+
+# The Responses API (POST /v1/responses): input as text or message items, no tools.
+MAX_RESPONSE_ID = 100
+
+
+class ResponseContentPart(Strict):
+    # input_text in the caller's messages; output_text in an earlier answer's, sent back as input.
+    type: Literal["input_text", "output_text"]
+    text: str
+    annotations: list[Any] | None = ignored()
+    logprobs: list[Any] | None = ignored()
+
+
+class ResponseInputMessage(Strict):
+    """A message item: OpenAI's easy input message, or an output message sent back as input."""
+
+    type: Literal["message"] | None = None
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | Annotated[list[ResponseContentPart], Field(max_length=MAX_MESSAGES)]
+    id: str | None = ignored()
+    status: Literal["in_progress", "completed", "incomplete"] | None = ignored()
+    phase: Literal["commentary", "final_answer"] | None = ignored()
+
+    def as_prompt(self) -> dict[str, Any]:
+        text = self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+
+
+def _text_as_message(value: object) -> object:
+    # A text input is one user message: one form to check, and errors that name input.0.…
+    return [{"role": "user", "content": value}] if isinstance(value, str) else value
+
+
+ResponseInput = Annotated[
+    list[ResponseInputMessage],
+    Field(min_length=1, max_length=MAX_MESSAGES, description="A text (one user message), or message items."),
+    BeforeValidator(
+        _text_as_message,
+        json_schema_input_type=str
+        | Annotated[list[ResponseInputMessage], Field(min_length=1, max_length=MAX_MESSAGES)],
+    ),
+]
+
+
+class ResponseStreamOptions(Strict):
+    include_obfuscation: Annotated[bool, Only(False, because="chatsite does not pad its events")] = False
+    # Not OpenAI's: keep generating when the client disconnects, as `background` does.
+    resumable: bool = False
+
+
+class ResponseTextFormat(Strict):
+    type: Annotated[Literal["text", "json_object", "json_schema"], Only("text", because="chatsite answers in text")]
+
+
+class ResponseTextConfig(Strict):
+    format: ResponseTextFormat | None = None
+    verbosity: Literal["low", "medium", "high"] | None = ignored()
+
+
+NoTools = Annotated[list[dict[str, Any]], Only([], because="chatsite's Responses API calls no tools")]
+NoIncludes = Annotated[list[str], Only([], because="chatsite's responses have nothing more to include")]
+NoTruncation = Annotated[
+    Literal["auto", "disabled"], Only("disabled", because="chatsite refuses an input beyond the context")
+]
+
+
+class ResponseCreateRequest(Strict):
+    # The rule of responses_create, in the document: running on without the client needs store.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "allOf": [
+                {
+                    "not": {
+                        "required": ["store", "background"],
+                        "properties": {"store": {"const": False}, "background": {"const": True}},
+                    }
+                },
+                {
+                    "not": {
+                        "required": ["store", "stream_options"],
+                        "properties": {
+                            "store": {"const": False},
+                            "stream_options": {
+                                "type": "object",
+                                "required": ["resumable"],
+                                "properties": {"resumable": {"const": True}},
+                            },
+                        },
+                    }
+                },
+            ]
+        }
+    )
+
+    model: str
+    input: ResponseInput
+    instructions: str | None = None
+    previous_response_id: Annotated[str, Field(max_length=MAX_RESPONSE_ID)] | None = None
+    max_output_tokens: MaxTokens | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    stream: bool | None = None
+    stream_options: ResponseStreamOptions | None = None
+    store: Annotated[bool | None, Field(description="Keep the response, to read back or continue; default true.")] = (
+        None
+    )
+    background: Annotated[
+        bool | None,
+        Field(description="Run on without the client: answered at once (status in_progress), or streamed resumably."),
+    ] = None
+    metadata: Metadata | None = None
+    text: ResponseTextConfig | None = None
+    tools: NoTools | None = None
+    tool_choice: Literal["none", "auto"] | None = None
+    parallel_tool_calls: bool | None = ignored()
+    include: NoIncludes | None = None
+    truncation: NoTruncation | None = None
+    service_tier: ServiceTier | None = None
+    user: str | None = ignored()
+    safety_identifier: str | None = ignored()
+    prompt_cache_key: str | None = ignored()
+
+    @field_validator("temperature", "top_p", mode="before")
+    @classmethod
+    def _number(cls, value: object) -> object:
+        return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+    @property
+    def stored(self) -> bool:
+        return self.store is not False
+
+    @property
+    def resumable(self) -> bool:
+        return bool(self.background or (self.stream_options and self.stream_options.resumable))
+
+    def input_messages(self) -> list[dict[str, Any]]:
+        return [message.as_prompt() for message in self.input]
+
+    def generation_params(self) -> GenerationParams:
+        return GenerationParams(
+            max_tokens=self.max_output_tokens or MAX_TOKENS_MAX,
+            temperature=DEFAULT_TEMPERATURE if self.temperature is None else self.temperature,
+            top_p=DEFAULT_TOP_P if self.top_p is None else self.top_p,
+        )
+
+
+MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit on one request's inputs
+_EMBEDDING_TEXT = {"type": "string", "minLength": 1}
+
+
+def _embedding_input(value: object) -> object:
+    """A text or a list of texts, none empty, each refusal saying what is wrong with it."""
+    texts = value if isinstance(value, list) else [value]
+    if isinstance(value, list) and not value:
+        raise PydanticCustomError("empty", "Send at least one text")
+    if len(texts) > MAX_EMBEDDING_INPUTS:
+        raise PydanticCustomError("too_many", "At most {limit} texts a request", {"limit": MAX_EMBEDDING_INPUTS})
+    if all(isinstance(text, int | list) and not isinstance(text, bool) for text in texts) and isinstance(value, list):
+        # OpenAI's token ids are its tokenizer's; this model's differ, so they cannot be read.
+        raise PydanticCustomError(
+            "token_ids", "Token ids are not taken here (they are another tokenizer's): send the text"
+        )
+    if not all(isinstance(text, str) for text in texts):
+        raise PydanticCustomError("not_text", "Send a string or a list of strings")
+    if not all(texts):
+        raise PydanticCustomError("empty_text", "An input is empty: every text needs at least one character")
+    return value
+
+
+class EmbeddingRequest(Strict):
+    model: str
+    input: Annotated[
+        str | list[str],
+        BeforeValidator(_embedding_input),
+        WithJsonSchema(
+            {
+                "anyOf": [
+                    _EMBEDDING_TEXT,
+                    {"type": "array", "items": _EMBEDDING_TEXT, "minItems": 1, "maxItems": MAX_EMBEDDING_INPUTS},
+                ],
+                "description": "A text, or a list of texts, none empty. Token ids are not taken: send the text.",
+            }
+        ),
+    ]
+    encoding_format: Annotated[
+        Literal["float", "base64"],
+        Field(description="float: arrays of numbers; base64: each vector's float32 little-endian bytes, base64."),
+    ] = "float"
+    dimensions: Annotated[
+        int | None,
+        Field(ge=1, le=MAX_TOKENS_MAX, description="The vectors' length: the model's own only (384)."),
+        INTEGRAL,
+    ] = None
+    user: Annotated[str | None, Field(description="Accepted and not used.")] = None
+
+    def texts(self) -> list[str]:
+        return [self.input] if isinstance(self.input, str) else list(self.input)

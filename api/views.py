@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial, wraps
 from typing import Any, TypeVar
 
@@ -24,8 +24,10 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import from_json
 
 from accounts.models import ApiKey, UsageRecord
-from accounts.services import Quota, account_for, api_key_authenticate, quota_for
+from accounts.prices import cost_text, recorded_cost
+from accounts.services import Quota, account_for, api_key_authenticate, quota_for, usage_spend_today
 from api.chunks import DONE, Completion, WholeAnswer, completion_events, error_of, openai_finish_reason
+from api.embeddings import embedding_list
 from api.errors import ApiError, body_too_large, finish, internal_error, invalid_url, request_id_of
 from api.openapi import openapi_document
 from api.schemas import (
@@ -33,12 +35,14 @@ from api.schemas import (
     CompletionOptions,
     CompletionRequest,
     DetokenizeRequest,
+    EmbeddingRequest,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
 )
 from generation import connection_limits
 from generation.backends import runtime
 from generation.connection_limits import Held, TooManyConnections
+from generation.embeddings import embeddings_admit, embeddings_make, embeddings_settle, embeddings_withdraw
 from generation.refusals import REFUSALS, UNREACHABLE, Refusal, refusal_of
 from generation.services import generation_cancel, generation_start, models_for
 from generation.tokenizing import ModelTokenizer, tokenizer_for
@@ -51,6 +55,9 @@ logger = logging.getLogger(__name__)
 
 STREAM_PREFIXES = {"chatcmpl-": "chat", "cmpl-": "text"}
 CACHE_HEADER = "x-chatsite-cache"
+# A non-streamed answer's cost (DESIGN.md §11), where its model has a price; and its currency.
+COST_HEADER = "x-chatsite-cost"
+COST_CURRENCY_HEADER = "x-chatsite-cost-currency"
 
 View = Callable[..., Coroutine[Any, Any, HttpResponseBase]]
 Schema = TypeVar("Schema", bound=BaseModel)
@@ -125,15 +132,45 @@ def _authenticate(request: HttpRequest) -> ApiKey:
 
 @api_view("GET")
 async def models_list(request: HttpRequest, caller: Caller) -> HttpResponseBase:
+    # OpenAI's model objects, and ours: `kind`, "chat" (completions) or "embedding" (/v1/embeddings).
+    chat = await in_database_thread(models_for, user=caller.user, api_key=caller.key)
+    embedding = await in_database_thread(models_for, user=caller.user, api_key=caller.key, kind="embedding")
     return JsonResponse(
         {
             "object": "list",
             "data": [
-                {"id": name, "object": "model", "created": 0, "owned_by": "chatsite"}
-                for name in await in_database_thread(models_for, user=caller.user, api_key=caller.key)
+                {"id": name, "object": "model", "created": 0, "owned_by": "chatsite", "kind": kind}
+                for kind, names in (("chat", chat), ("embedding", embedding))
+                for name in names
             ],
         }
     )
+
+
+@api_view("POST")
+async def embeddings(request: HttpRequest, caller: Caller) -> HttpResponseBase:
+    """OpenAI's /v1/embeddings: a unit vector per input text, as floats or base64."""
+    body = _parse(request, EmbeddingRequest)
+    try:
+        admitted = await in_database_thread(
+            embeddings_admit,
+            user=caller.user,
+            model=body.model,
+            texts=body.texts(),
+            dimensions=body.dimensions,
+            api_key=caller.key,
+        )
+    except REFUSALS as error:
+        refusal = refusal_of(error)
+        raise _refused(refusal, param=refusal.param) from None
+    caller.quota = admitted.quota
+    try:
+        made = await sync_to_async(embeddings_make, thread_sensitive=False)(admitted)
+    except BaseException:
+        await in_database_thread(embeddings_withdraw, admitted)
+        raise
+    await in_database_thread(embeddings_settle, admitted)
+    return JsonResponse(embedding_list(made, model=body.model, encoding_format=body.encoding_format))
 
 
 @api_view("POST")
@@ -180,6 +217,7 @@ async def stream_cancel(request: HttpRequest, caller: Caller, completion_id: str
 async def usage(request: HttpRequest, caller: Caller) -> HttpResponseBase:
     account = await in_database_thread(account_for, caller.user)
     quota = await in_database_thread(quota_for, caller.user, limits=account.limits)
+    spent = await in_database_thread(usage_spend_today, user=caller.user)
     caller.quota = quota
     limits = quota.limits
     return JsonResponse(
@@ -200,6 +238,8 @@ async def usage(request: HttpRequest, caller: Caller) -> HttpResponseBase:
             },
             "max_concurrent_streams": limits.max_concurrent_streams,
             "max_tokens_per_request": limits.max_tokens_per_request,
+            # Today's (UTC) cost of the settled requests, by currency: {} where no model has a price.
+            "spend_today": {currency: cost_text(amount) for currency, amount in spent.items()},
         }
     )
 
@@ -277,6 +317,7 @@ async def _complete(
         param = "messages" if refusal.param == "prompt" and completion.kind == "chat" else refusal.param
         raise _refused(refusal, param=param) from None
     caller.quota = started.quota
+    completion = replace(completion, model=started.model)  # a fallback's, where the model could not take it
     if held is not None:
         response = _sse_response(
             request,
@@ -289,6 +330,9 @@ async def _complete(
         )
     else:
         response = await _whole_completion(completion)
+        # Settled before its `done` event was written (the producer saves first): read, not raced.
+        if cost := await in_database_thread(recorded_cost, completion.stream_id):
+            response[COST_HEADER], response[COST_CURRENCY_HEADER] = cost_text(cost[0]), cost[1]
     if started.cache:  # "hit": streamed from the response cache; "miss": generated, and kept
         response[CACHE_HEADER] = started.cache
     return response
@@ -363,7 +407,10 @@ async def _sse_chunks(
                 yield sse.PING
                 continue
             finished = batch[-1].terminal
-            yield completion_events(completion, batch, include_usage=include_usage)
+            cost = None
+            if include_usage and any(event.type == "done" for event in batch):  # settled by then
+                cost = await in_database_thread(recorded_cost, completion.stream_id)
+            yield completion_events(completion, batch, include_usage=include_usage, cost=cost)
         finished = True
     except StreamNotFound:
         finished = True

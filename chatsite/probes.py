@@ -17,11 +17,15 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from generation.backends.router import backend
+from generation.backends.router import ModelRouter, backend
 from infrastructure.metrics import export_loads
 
 # The body is the same every time; async, so that answering costs no thread hop.
 HEALTHY = b'{"status": "ok"}'
+
+# A check's words for ready. A model freed while idle (CHAT_MODEL_IDLE_UNLOAD_S) serves:
+# the next request loads it again.
+READY = ("ok", "unloaded")
 
 
 @require_GET
@@ -36,11 +40,11 @@ def readyz(request: HttpRequest) -> HttpResponse:
     """Ready to serve: model loaded, database (and Redis when configured) reachable."""
     checks: dict[str, str] = {}
     generations = backend()
-    checks["model"] = "ok" if generations.ready() else generations.not_ready_reason()
+    checks["model"] = _model_check(generations)
     checks["database"] = _check(_connect_database)
     if settings.REDIS_URL:
         checks["redis"] = _check(_ping_redis)
-    ready = all(value == "ok" for value in checks.values())
+    ready = all(value in READY for value in checks.values())
     body: dict[str, Any] = {"status": "ok" if ready else "unavailable"}
     if _operator(request):  # the details name hosts and errors: not for anyone
         body["checks"] = checks
@@ -75,6 +79,15 @@ def _operator(request: HttpRequest) -> bool:
         return ipaddress.ip_address(request.META.get("REMOTE_ADDR", "")).is_loopback
     except ValueError:
         return False
+
+
+def _model_check(generations: ModelRouter) -> str:
+    """ "ok", "unloaded" (freed while idle), or why the default model can't serve."""
+    if not generations.ready():
+        return generations.not_ready_reason()
+    loads = generations.loads()
+    freed = any(load.model == settings.CHAT_MODEL and load.loaded is False for load in loads)
+    return "unloaded" if freed else "ok"
 
 
 def _connect_database() -> None:

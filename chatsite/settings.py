@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import importlib.util
 import json
 import os
 import re
@@ -129,6 +130,23 @@ def env_proxy_ssl_header(name: str) -> tuple[str, str] | None:
     return "HTTP_" + header.upper().replace("-", "_"), value
 
 
+def env_url(name: str) -> str:
+    """An http(s) URL with a host and nothing after its path, without a trailing slash; unset: ""."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return ""
+    parts = urlsplit(value)
+    try:
+        parts.port  # noqa: B018 (raises ValueError when the port is not a port)
+    except ValueError:
+        parts = parts._replace(netloc="")
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        raise ImproperlyConfigured(
+            f"{name} must be an http or https URL such as https://sso.example.com/realms/staff (got {value!r})."
+        )
+    return value.rstrip("/")
+
+
 def env_device(name: str, default: str) -> str:
     value = os.environ.get(name, default).strip()
     index = value.removeprefix("cuda:")
@@ -145,6 +163,23 @@ def env_header(name: str) -> str | None:
     if not re.fullmatch(r"[A-Za-z0-9-]+", value):
         raise ImproperlyConfigured(f"{name} must be an HTTP header's name, such as X-Forwarded-For (got {value!r}).")
     return "HTTP_" + value.upper().replace("-", "_")
+
+
+def env_ldap_uri(name: str) -> str:
+    """One or more LDAP server URIs separated by spaces (libldap tries them in turn), each
+    ldap://host[:port] or ldaps://host[:port] with nothing after it; unset: ""."""
+    value = " ".join(os.environ.get(name, "").split())
+    for uri in value.split():
+        parts = urlsplit(uri)
+        try:
+            parts.port  # noqa: B018 (raises ValueError when the port is not a port)
+        except ValueError:
+            parts = parts._replace(netloc="")
+        if parts.scheme not in ("ldap", "ldaps") or not parts.hostname or parts.path.strip("/") or parts.query:
+            raise ImproperlyConfigured(
+                f"{name} must be ldap:// or ldaps:// URIs such as ldaps://dc1.example.com (got {uri!r})."
+            )
+    return value
 
 
 def _secret_key() -> str:
@@ -181,7 +216,7 @@ SECURE_HSTS_PRELOAD = env_bool("DJANGO_SECURE_HSTS_PRELOAD", False)
 
 INSTALLED_APPS = [
     "daphne",
-    "django.contrib.admin",
+    "twofactor.apps.TwoFactorAdminConfig",  # Django's admin, asking staff with an authenticator for a code
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -192,10 +227,17 @@ INSTALLED_APPS = [
     "django_htmx",
     "axes",
     "csp",
+    "django_otp",
+    "django_otp.plugins.otp_totp",
+    "django_otp.plugins.otp_static",
+    "audit",
     "accounts",
+    "twofactor",
+    "sso",
     "documents",
     "generation",
     "api",
+    "backups",
 ]
 
 MIDDLEWARE = [
@@ -206,6 +248,10 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # request.user.is_verified(): this session has passed a second factor (django-otp).
+    "django_otp.middleware.OTPMiddleware",
+    # A logged-in user who owes a code is asked for it; one who must have two-factor, to set it up.
+    "twofactor.middleware.TwoFactorMiddleware",
     "chatsite.observability.RequestUserMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
@@ -317,6 +363,25 @@ AUTH_PASSWORD_VALIDATORS = [
 CHAT_SIGNUP = env_choice("CHAT_SIGNUP", "open", ("open", "approval", "closed"))
 # Accounts one client address may make in any 60 seconds (accounts.services.signup_admit).
 CHAT_SIGNUPS_PER_MINUTE = env_int("CHAT_SIGNUPS_PER_MINUTE", 3, minimum=1)
+# E-mail, for password resets: through this SMTP server when EMAIL_HOST is set; unset,
+# nothing is sent and the reset page says that an administrator resets passwords.
+EMAIL_HOST = env_str("EMAIL_HOST", "").strip()
+EMAIL_PORT = env_int("EMAIL_PORT", 587, minimum=1)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", True)  # STARTTLS on EMAIL_PORT
+EMAIL_USE_SSL = env_bool("EMAIL_USE_SSL", False)  # TLS from the first byte (port 465)
+if EMAIL_USE_TLS and EMAIL_USE_SSL:
+    raise ImproperlyConfigured("EMAIL_USE_TLS and EMAIL_USE_SSL cannot both be 1: set EMAIL_USE_TLS=0 for port 465.")
+EMAIL_TIMEOUT = 10  # seconds: a slow mail server must not hold a web worker for long
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "chatsite <noreply@localhost>")
+CHAT_EMAIL = bool(EMAIL_HOST)
+EMAIL_BACKEND = (
+    "django.core.mail.backends.smtp.EmailBackend" if CHAT_EMAIL else "django.core.mail.backends.dummy.EmailBackend"
+)
+# Password-reset e-mails one client address may ask for in any 60 seconds.
+PASSWORD_RESETS_PER_MINUTE = 3
+PASSWORD_RESET_TIMEOUT = 60 * 60  # a reset link works for an hour
 # on: the log-in page offers "Try it without an account": a guest on the `guest` plan, kept by
 # the session cookie, whose limits are shared by every guest of the same client address
 # (accounts.services.guest_create). Guests idle for CHAT_GUEST_TTL_DAYS are deleted.
@@ -336,6 +401,93 @@ AXES_RESET_ON_SUCCESS = True
 AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
 AXES_LOCKOUT_CALLABLE = "accounts.views.locked_out"
 AXES_CLIENT_IP_CALLABLE = "accounts.client_address.client_ip"
+# Two-factor log-in (twofactor app, docs/operations.md: Two-factor): optional per user, required
+# per plan (Plan.require_two_factor) and, with CHAT_2FA_STAFF=1, for every staff user.
+CHAT_2FA_STAFF = env_bool("CHAT_2FA_STAFF", False)
+# The name authenticator apps show next to the user's.
+OTP_TOTP_ISSUER = env_str("CHAT_2FA_ISSUER", "chatsite").strip() or "chatsite"
+# A wrong code makes the next one wait 1, 2, 4, 8... seconds (django-otp's throttling, per device).
+OTP_TOTP_THROTTLE_FACTOR = 1
+OTP_STATIC_THROTTLE_FACTOR = 1
+# Single sign-on (sso app, docs/operations.md: Single sign-on): OpenID Connect's
+# authorization-code flow with PKCE against the provider whose discovery document is at
+# <CHAT_OIDC_ISSUER>/.well-known/openid-configuration. The log-in page offers
+# "Log in with <CHAT_OIDC_NAME>". CHAT_PASSWORD_LOGIN=0 hides the password form (superusers
+# still log in at /admin/, the break-glass way in).
+CHAT_OIDC_ISSUER = env_url("CHAT_OIDC_ISSUER")
+CHAT_OIDC_CLIENT_ID = env_str("CHAT_OIDC_CLIENT_ID", "").strip()
+CHAT_OIDC_CLIENT_SECRET = env_str("CHAT_OIDC_CLIENT_SECRET", "").strip()
+CHAT_OIDC_NAME = env_str("CHAT_OIDC_NAME", "single sign-on").strip() or "single sign-on"
+CHAT_OIDC_SCOPES = " ".join(env_str("CHAT_OIDC_SCOPES", "openid email profile").split())
+CHAT_PASSWORD_LOGIN = env_bool("CHAT_PASSWORD_LOGIN", True)
+if CHAT_OIDC_ISSUER and not CHAT_OIDC_CLIENT_ID:
+    raise ImproperlyConfigured("CHAT_OIDC_ISSUER needs CHAT_OIDC_CLIENT_ID (the client registered at the provider).")
+if CHAT_OIDC_CLIENT_ID and not CHAT_OIDC_CLIENT_SECRET:
+    raise ImproperlyConfigured(
+        "CHAT_OIDC_CLIENT_ID needs CHAT_OIDC_CLIENT_SECRET (the client's secret at the provider)."
+    )
+if (CHAT_OIDC_CLIENT_ID or CHAT_OIDC_CLIENT_SECRET) and not CHAT_OIDC_ISSUER:
+    raise ImproperlyConfigured("CHAT_OIDC_CLIENT_ID and CHAT_OIDC_CLIENT_SECRET need CHAT_OIDC_ISSUER (the provider).")
+if "openid" not in CHAT_OIDC_SCOPES.split():
+    raise ImproperlyConfigured(f"CHAT_OIDC_SCOPES must include openid (got {CHAT_OIDC_SCOPES!r}).")
+if not CHAT_PASSWORD_LOGIN and not CHAT_OIDC_ISSUER:
+    raise ImproperlyConfigured(
+        "CHAT_PASSWORD_LOGIN=0 needs CHAT_OIDC_ISSUER: otherwise only /admin/ would take log-ins."
+    )
+# mozilla-django-oidc's settings; the provider's endpoints come from its discovery document
+# (sso.discovery), the ID token is checked by sso.tokens (signature, issuer, audience, expiry, nonce).
+OIDC_RP_CLIENT_ID = CHAT_OIDC_CLIENT_ID
+OIDC_RP_CLIENT_SECRET = CHAT_OIDC_CLIENT_SECRET
+OIDC_RP_SCOPES = CHAT_OIDC_SCOPES
+OIDC_RP_SIGN_ALGO = "RS256"
+OIDC_USE_NONCE = True
+OIDC_USE_PKCE = True
+OIDC_TIMEOUT = 10  # seconds for each request to the provider
+OIDC_AUTHENTICATION_CALLBACK_URL = "sso:callback"
+AUTHENTICATION_BACKENDS.append("sso.backends.OidcBackend")
+# LDAP / Active Directory (ldap_login, docs/operations.md: LDAP): set, the log-in form's
+# passwords are checked against the directory too, whose users are found under
+# CHAT_LDAP_USER_SEARCH_BASE by CHAT_LDAP_USER_FILTER (AD: (sAMAccountName=%(user)s)); the
+# ClaimMapping rows of claim ldap_group map the groups under CHAT_LDAP_GROUP_SEARCH_BASE to
+# plans and staff status at every log-in. Needs the LDAP extra (requirements-ldap.txt: `make
+# ldap`); unset, django_auth_ldap is never imported.
+CHAT_LDAP_SERVER_URI = env_ldap_uri("CHAT_LDAP_SERVER_URI")
+CHAT_LDAP_BIND_DN = env_str("CHAT_LDAP_BIND_DN", "").strip()
+CHAT_LDAP_BIND_PASSWORD = env_str("CHAT_LDAP_BIND_PASSWORD", "")
+CHAT_LDAP_USER_SEARCH_BASE = env_str("CHAT_LDAP_USER_SEARCH_BASE", "").strip()
+CHAT_LDAP_USER_FILTER = env_str("CHAT_LDAP_USER_FILTER", "(uid=%(user)s)").strip()
+CHAT_LDAP_GROUP_SEARCH_BASE = env_str("CHAT_LDAP_GROUP_SEARCH_BASE", "").strip()
+CHAT_LDAP_GROUP_TYPE = env_choice("CHAT_LDAP_GROUP_TYPE", "groupOfNames", ("groupOfNames", "posix", "activedirectory"))
+CHAT_LDAP_START_TLS = env_bool("CHAT_LDAP_START_TLS", False)
+if CHAT_LDAP_SERVER_URI:
+    if not CHAT_LDAP_USER_SEARCH_BASE:
+        raise ImproperlyConfigured(
+            "CHAT_LDAP_SERVER_URI needs CHAT_LDAP_USER_SEARCH_BASE (where the users are: ou=people,dc=example,dc=com)."
+        )
+    if "%(user)s" not in CHAT_LDAP_USER_FILTER or not re.fullmatch(r"\(.*\)", CHAT_LDAP_USER_FILTER):
+        raise ImproperlyConfigured(
+            f"CHAT_LDAP_USER_FILTER must be an LDAP filter with %(user)s, such as (uid=%(user)s) "
+            f"(got {CHAT_LDAP_USER_FILTER!r})."
+        )
+    if not CHAT_PASSWORD_LOGIN:
+        raise ImproperlyConfigured("CHAT_LDAP_SERVER_URI needs CHAT_PASSWORD_LOGIN=1: directory users use that form.")
+    if CHAT_LDAP_START_TLS and CHAT_LDAP_SERVER_URI.startswith("ldaps:"):
+        raise ImproperlyConfigured("CHAT_LDAP_START_TLS=1 is for ldap:// URIs: ldaps:// is TLS from the start.")
+    if importlib.util.find_spec("django_auth_ldap") is None:
+        raise ImproperlyConfigured(
+            "CHAT_LDAP_SERVER_URI needs the LDAP extra: `make ldap` (it builds python-ldap, which needs "
+            "Debian's libldap2-dev and libsasl2-dev) or pip install --require-hashes -r requirements-ldap.lock."
+        )
+    # After the axes backend, which counts (and locks out) failed directory log-ins too.
+    AUTHENTICATION_BACKENDS.append("ldap_login.backends.LdapBackend")
+elif CHAT_LDAP_BIND_DN or CHAT_LDAP_USER_SEARCH_BASE or CHAT_LDAP_GROUP_SEARCH_BASE:
+    raise ImproperlyConfigured("CHAT_LDAP_BIND_DN and the CHAT_LDAP_*_SEARCH_BASE settings need CHAT_LDAP_SERVER_URI.")
+# The audit trail (audit app) keeps its records this many days; 0: for ever.
+CHAT_AUDIT_RETENTION_DAYS = env_int("CHAT_AUDIT_RETENTION_DAYS", 365)
+# Where `manage.py backup` writes its archives (docs/operations.md: Backups); relative: to the project.
+CHAT_BACKUP_DIR = Path(env_str("CHAT_BACKUP_DIR", "backup-archives"))
+if not CHAT_BACKUP_DIR.is_absolute():
+    CHAT_BACKUP_DIR = BASE_DIR / CHAT_BACKUP_DIR
 # Unset: the client is the connection's peer. Behind a reverse proxy, the header it sets
 # (e.g. X-Forwarded-For or X-Real-IP); the proxy must overwrite or append to it.
 CHAT_CLIENT_IP_HEADER = env_header("CHAT_CLIENT_IP_HEADER")
@@ -387,6 +539,9 @@ GENERATION_SCHEDULER = env_choice("GENERATION_SCHEDULER", "batched", ("batched",
 GENERATION_CUDA_GRAPHS = env_choice("GENERATION_CUDA_GRAPHS", "auto", ("auto", "0", "1"))
 # Each generation's key/value slot on the static path: prompt plus answer, in tokens.
 GENERATION_SLOT_TOKENS = env_int("GENERATION_SLOT_TOKENS", 4096, minimum=16)
+# Seconds with nothing running or waiting after which an engine (a web process's, a
+# Celery worker's) frees its model; the next generation loads it again. 0: never.
+CHAT_MODEL_IDLE_UNLOAD_S = env_int("CHAT_MODEL_IDLE_UNLOAD_S", 0, minimum=0)
 # After a conversation's first answer, the model gives it a short title (one small generation).
 CHAT_AUTO_TITLE = env_bool("CHAT_AUTO_TITLE", True)
 # Finished answers to deterministic requests (temperature 0 or a seed), streamed again to
@@ -434,6 +589,7 @@ CELERY_BEAT_SCHEDULE = {
         ("usage-rollup", "accounts.usage_rollup", 60.0),
         ("expire-streams", "generation.expire_streams", 300.0),
         ("purge-guests", "accounts.guest_purge", 3600.0),
+        ("purge-audit-records", "audit.purge", 3600.0),
     )
 }
 

@@ -12,6 +12,8 @@ from generation import share_views
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="generation:chat"), name="home"),
+    path("accounts/oidc/", include("sso.urls")),
+    path("accounts/two-factor/", include("twofactor.urls")),
     path("accounts/", include("accounts.urls")),
     path("chat/", include("generation.urls")),
     path("documents/", include("documents.urls")),

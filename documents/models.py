@@ -52,3 +52,19 @@ class Passage(models.Model):
 
     def get_absolute_url(self) -> str:
         return reverse("documents:passage", args=[self.pk])
+
+
+class PassageVector(models.Model):
+    """A passage's embedding (documents.vectors): float32, little-endian, a unit vector of
+    `model`'s. Written when its document is indexed, or by `manage.py embed_passages`; a
+    passage without one is found by its words alone."""
+
+    passage = models.OneToOneField(Passage, on_delete=models.CASCADE, primary_key=True, related_name="vector")
+    # The passage's, kept here too: a question reads (and counts) its conversation's vectors
+    # by their documents, through this index, without joining the passages.
+    document = models.ForeignKey(Document, on_delete=models.CASCADE, related_name="+")
+    model = models.CharField(max_length=100)
+    vector = models.BinaryField()
+
+    def __str__(self) -> str:
+        return f"{self.passage_id} ({self.model})"

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from django.conf import settings
@@ -16,9 +18,16 @@ from documents.extraction import UnreadableDocument, kind_of
 from documents.models import Document, Passage
 from documents.passages import passages_of
 from documents.search import passage_search, passages_search, query_terms
+from documents.vectors import INLINE_PASSAGES, document_embed_later, passage_embedder, passages_embed, vector_search
+from inference.embedding import EmbeddingFailed, reciprocal_rank_fusion
 
 # Passages a prompt carries: enough to answer from, few enough to leave the model room.
 RETRIEVED_PASSAGES = 4
+# Candidates each ranking (words, meaning) gives the fusion; RRF's usual constant.
+RANKED_CANDIDATES = 20
+RRF_K = 60
+
+logger = logging.getLogger(__name__)
 EXCERPT_CHARS = 160
 
 CITE_INSTRUCTION = (
@@ -63,7 +72,9 @@ def document_add(*, user: User, conversation_id: uuid.UUID, name: str, kind: str
     """Attach a file's text to a conversation, as searchable passages.
 
     The count is checked again under a lock on the owner's row, so that uploads racing
-    each other cannot pass the plan's limit together.
+    each other cannot pass the plan's limit together. Its passages get their vectors
+    (documents.vectors) at once when they are few, else in the background once it is saved:
+    until then they are found by their words.
     """
     passages = passages_of(text)
     if not passages:
@@ -78,6 +89,14 @@ def document_add(*, user: User, conversation_id: uuid.UUID, name: str, kind: str
             Passage(document=document, position=i, heading=p.heading, text=p.text) for i, p in enumerate(passages)
         )
         passage_search().index(document.pk)
+        embedder = passage_embedder()
+        if embedder is not None and len(passages) <= INLINE_PASSAGES:
+            try:
+                passages_embed(list(document.passages.values_list("pk", flat=True)), embedder)
+            except EmbeddingFailed:  # found by its words meanwhile; `manage.py embed_passages` catches up
+                logger.exception("Embedding the passages of %s failed", name)
+        elif embedder is not None:
+            transaction.on_commit(partial(document_embed_later, document.pk))
     return document
 
 
@@ -99,14 +118,16 @@ def retrieval_for(*, user: User, conversation_id: uuid.UUID, question: str) -> R
     """The top passages of the conversation's documents for a question; None when it has no
     documents (its answers then run without a retrieval stage).
 
-    Only documents of `user` in that conversation are searched. With no passage found the
-    question goes to the model as it was asked, and the sources are empty.
+    Only documents of `user` in that conversation are searched, by words and by meaning:
+    the full-text ranking and the ranking by similarity to the question's vector are fused
+    by reciprocal rank (passages_find). With no passage found the question goes to the
+    model as it was asked, and the sources are empty.
     """
     documents = Document.objects.filter(conversation_id=conversation_id, user=user)
     document_ids = list(documents.values_list("id", flat=True))
     if not document_ids:
         return None
-    ids = passages_search(document_ids, query_terms(question), RETRIEVED_PASSAGES)
+    ids = passages_find(document_ids, question, RETRIEVED_PASSAGES)
     found = Passage.objects.select_related("document").in_bulk(ids)
     passages = [found[pk] for pk in ids if pk in found]
     if not passages:
@@ -119,6 +140,25 @@ def retrieval_for(*, user: User, conversation_id: uuid.UUID, question: str) -> R
         for number, passage in enumerate(passages, start=1)
     )
     return Retrieval(sources=sources, prompt=f"{CITE_INSTRUCTION}\n\n{numbered}\n\nQuestion: {question}")
+
+
+def passages_find(document_ids: list[int], question: str, limit: int) -> list[int]:
+    """The ids of the best passages of these documents for a question, best first: the
+    full-text ranking and the vector ranking, RANKED_CANDIDATES each, fused by reciprocal
+    rank (k = RRF_K). Where no embedding model is installed, the full-text ranking alone."""
+    embedder = passage_embedder()
+    try:
+        # The question is embedded (on the embedder's thread) while its words are searched.
+        embedding = embedder.submit(embedder.token_ids([question], truncate=True)) if embedder else None
+        by_words = passages_search(document_ids, query_terms(question), RANKED_CANDIDATES)
+        if embedder is None or embedding is None:
+            return by_words[:limit]
+        query = embedding.result().vectors[0]
+    except EmbeddingFailed:  # a model that cannot load or run: answers keep their sources by words
+        logger.exception("Embedding a question failed; retrieving by its words alone")
+        return passages_search(document_ids, query_terms(question), limit)
+    by_meaning = vector_search().ranked(document_ids, embedder.name, query, RANKED_CANDIDATES)
+    return reciprocal_rank_fusion([by_words, by_meaning], k=RRF_K)[:limit]
 
 
 def _source(number: int, passage: Passage) -> dict[str, Any]:

@@ -75,6 +75,15 @@ def document_delete(request: HtmxHttpRequest, document_id: int) -> HttpResponse:
 
 @login_required
 @require_GET
+def documents_panel(request: HtmxHttpRequest, conversation_id: uuid.UUID) -> HttpResponse:
+    """The documents panel of one of your conversations (it asks for itself while indexing)."""
+    get_object_or_404(Conversation, id=conversation_id, user=request.user)
+    assert isinstance(request.user, User)
+    return _panel(request, request.user, conversation_id)
+
+
+@login_required
+@require_GET
 def passage(request: HtmxHttpRequest, passage_id: int) -> HttpResponse:
     """One passage of your documents, as an answer cites it."""
     found = get_object_or_404(Passage.objects.select_related("document"), pk=passage_id, document__user=request.user)

@@ -1,5 +1,5 @@
 """Admin for conversations and messages, the live generations page (force stop), rated answers,
-and model servers."""
+model servers and model fallbacks."""
 
 from __future__ import annotations
 
@@ -17,10 +17,13 @@ from django.utils.html import format_html
 from django.views.decorators.http import require_GET, require_POST
 
 from accounts.models import UsageRecord
+from audit.admin import AuditedAdmin
+from audit.models import AuditRecord
+from audit.services import audit_record
 from generation import services
 from generation.backends import runtime
 from generation.backends.router import backend
-from generation.models import Conversation, Feedback, Message, SharedLink, UpstreamEndpoint
+from generation.models import Conversation, Feedback, Message, ModelFallback, SharedLink, UpstreamEndpoint
 from generation.selectors import MessageTree
 
 
@@ -56,7 +59,11 @@ class MessageAdmin(admin.ModelAdmin):
     @admin.action(description="Force stop", permissions=["change"])
     def force_stop(self, request: HttpRequest, queryset: QuerySet[Message]) -> None:
         streaming = queryset.filter(status=Message.Status.STREAMING, stream_id__isnull=False)
-        stopped = sum(services.message_stop(message=message) for message in streaming)
+        stopped = 0
+        for message in streaming:
+            if services.message_stop(message=message):
+                stopped += 1
+                _force_stop_recorded(request, message.stream_id or "")
         self.message_user(request, f"Asked {stopped} streaming answer(s) to stop.", messages.SUCCESS)
 
     def get_urls(self) -> list[URLPattern]:
@@ -104,6 +111,7 @@ class MessageAdmin(admin.ModelAdmin):
         if not form.is_valid():
             self.message_user(request, "No stream to stop was given.", messages.ERROR)
         elif services.generation_cancel(stream_id=(stream_id := form.cleaned_data["stream_id"])):
+            _force_stop_recorded(request, stream_id)
             self.message_user(request, f"Asked stream {stream_id} to stop.", messages.SUCCESS)
         else:
             self.message_user(
@@ -113,6 +121,10 @@ class MessageAdmin(admin.ModelAdmin):
                 messages.WARNING,
             )
         return redirect(f"admin:{self.opts.app_label}_{self.opts.model_name}_live")
+
+
+def _force_stop_recorded(request: HttpRequest, stream_id: str) -> None:
+    audit_record(action=AuditRecord.Action.GENERATION_FORCE_STOPPED, target=f"stream:{stream_id}", request=request)
 
 
 class UpstreamEndpointForm(forms.ModelForm):
@@ -154,8 +166,9 @@ class UpstreamEndpointForm(forms.ModelForm):
 
 
 @admin.register(UpstreamEndpoint)
-class UpstreamEndpointAdmin(admin.ModelAdmin):
-    """Model servers; their live state is this web process's view of them."""
+class UpstreamEndpointAdmin(AuditedAdmin):
+    """Model servers; their live state is this web process's view of them. Edits are
+    recorded in the audit trail, the API key as "***"."""
 
     form = UpstreamEndpointForm
     list_display = ["model", "base_url", "upstream_model", "enabled", "state", "in_flight", "errors", "ttft_ms"]
@@ -190,6 +203,18 @@ class UpstreamEndpointAdmin(admin.ModelAdmin):
     def delete_model(self, request: HttpRequest, obj: Any) -> None:
         super().delete_model(request, obj)
         backend().endpoints_refresh()
+
+
+@admin.register(ModelFallback)
+class ModelFallbackAdmin(AuditedAdmin):
+    """Each model's fallbacks, in order (lowest position first): the models that serve its
+    requests when it cannot take them before their first token. Edits are recorded in the
+    audit trail."""
+
+    list_display = ["model", "position", "fallback", "updated_at"]
+    list_editable = ["position", "fallback"]
+    list_filter = ["model"]
+    search_fields = ["model", "fallback"]
 
 
 @admin.register(Feedback)

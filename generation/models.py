@@ -218,3 +218,29 @@ class UpstreamEndpoint(models.Model):
             context_length=self.context_length,
             tokenizer=self.tokenizer or None,
         )
+
+
+class ModelFallback(models.Model):
+    """A model to serve a request instead of `model` when `model` cannot take it before its
+    first token: no endpoint up, its queue full, or a prompt beyond its context. A model's
+    fallbacks are tried in `position` order, each only for callers who may use it."""
+
+    model = models.CharField(max_length=200, help_text="The model clients ask for.")
+    fallback = models.CharField(max_length=200, help_text="The model that serves its requests instead.")
+    position = models.PositiveSmallIntegerField(default=0, help_text="Lower first, among this model's fallbacks.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["model", "position", "pk"]
+        constraints = [
+            models.UniqueConstraint(fields=["model", "fallback"], name="model_fallback_once"),
+            models.CheckConstraint(
+                condition=~models.Q(fallback=models.F("model")),
+                name="model_fallback_not_itself",
+                violation_error_message="A model cannot be its own fallback.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model} → {self.fallback}"

@@ -10,7 +10,12 @@ This module is the one place that says so.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from decimal import Decimal
 
+from django.db.models import OuterRef, QuerySet, Subquery
+
+from accounts.models import UsageRecord
+from accounts.prices import spend_of
 from generation.models import Conversation, Message
 
 # An answer is included in the model's context only if it has text worth continuing from.
@@ -34,11 +39,13 @@ class MessageTree:
     a walk that compared each message with those before it took seconds a page.
     """
 
-    def __init__(self, conversation: Conversation) -> None:
+    def __init__(self, conversation: Conversation, *, costs: bool = False) -> None:
         self.conversation = conversation
         # Not saved yet (a new chat): no messages.
-        # Each answer's rating with it: the page shows it under every answer.
-        self.messages = [] if conversation._state.adding else list(conversation.messages.select_related("feedback"))
+        # Each answer's rating with it: the page shows it under every answer; and, for the
+        # page, its cost (`costs`).
+        messages = conversation.messages.select_related("feedback")
+        self.messages = [] if conversation._state.adding else list(with_costs(messages) if costs else messages)
         self._by_id = {message.pk: message for message in self.messages}
         self._order = {message.pk: index for index, message in enumerate(self.messages)}
         self._children: dict[int | None, list[Message]] = {}
@@ -112,3 +119,20 @@ def chat_history(conversation: Conversation, path: list[Message]) -> list[dict[s
         elif message.status in CONTEXT_STATUSES and message.content:
             history.append({"role": "assistant", "content": message.content})
     return history
+
+
+def with_costs(messages: QuerySet[Message]) -> QuerySet[Message]:
+    """The messages, each with `cost` and `cost_currency`: those of its usage record (None
+    for a prompt, an answer still streaming, or one whose model had no price)."""
+    record = UsageRecord.objects.filter(stream_id=OuterRef("stream_id"))
+    return messages.annotate(
+        cost=Subquery(record.values("cost")[:1]), cost_currency=Subquery(record.values("cost_currency")[:1])
+    )
+
+
+def conversation_spend(conversation: Conversation) -> dict[str, Decimal]:
+    """What the conversation's answers have cost so far, every version included, by currency."""
+    if conversation._state.adding:
+        return {}
+    stream_ids = conversation.messages.filter(stream_id__isnull=False).values("stream_id")
+    return spend_of(UsageRecord.objects.filter(user_id=conversation.user_id, stream_id__in=stream_ids))

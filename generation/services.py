@@ -6,9 +6,10 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 from django.contrib.auth.models import User
 from django.db import transaction
@@ -33,9 +34,10 @@ from generation.backends.dispatch import QUEUE_PRODUCER
 from generation.backends.jobs import engine_thread_task
 from generation.backends.response_cache import CachedAnswer, CacheLookup, response_cache_lookup
 from generation.backends.router import backend
-from generation.models import Conversation, Message
+from generation.models import Conversation, Message, ModelFallback
 from generation.selectors import MessageTree, chat_history
 from inference.backend import GenerationTask, LedgerVerdict
+from inference.embedding import available_embedding_models
 from inference.engine import EngineOverloaded, GenerationResult, Job
 from inference.generators import ContextLengthExceeded, GenerationParams, Prompt, UnfitPrompt, check_prompt
 from inference.registry import UnknownModel
@@ -46,13 +48,17 @@ logger = logging.getLogger(__name__)
 
 TITLE_LENGTH = 60
 
+ModelKind = Literal["chat", "embedding"]
 
-def models_for(*, user: User, api_key: ApiKey | None = None) -> list[str]:
-    """The served models that `user` (through `api_key`, if given) may use, the site's
-    default first when allowed. To them no other model exists: every list, form and
-    admission asks here."""
+
+def models_for(*, user: User, api_key: ApiKey | None = None, kind: ModelKind = "chat") -> list[str]:
+    """The served models of `kind` that `user` (through `api_key`, if given) may use, the
+    site's default first when allowed. To them no other model exists: every list, form and
+    admission asks here. Chat models answer (the default: what forms offer and completions
+    take); embedding models make vectors (/v1/embeddings), by the same plan and key rules."""
     account = account_for(user)
-    return [name for name in backend().models() if _allowed(account, api_key, name)]
+    served = backend().models() if kind == "chat" else list(available_embedding_models())
+    return [name for name in served if _allowed(account, api_key, name)]
 
 
 def _allowed(account: Account, api_key: ApiKey | None, model: str) -> bool:
@@ -106,6 +112,22 @@ def _organize(conversation: Conversation, **changes: Any) -> None:
 
 
 @dataclass(frozen=True)
+class GenerationRequest:
+    """What a generation asks, whichever model serves it: admission's inputs, its request
+    counted once against the per-minute limit (`requests`: the count it made)."""
+
+    user: User
+    account: Account
+    channel: str
+    prompt: Prompt
+    params: GenerationParams
+    api_key: ApiKey | None
+    stream_id: str
+    start_early: bool
+    requests: int
+
+
+@dataclass(frozen=True)
 class Admitted:
     """A generation that passed every check, its tokens reserved in the ledger; not queued yet."""
 
@@ -118,10 +140,18 @@ class Admitted:
     # The response cache's answer to it; None where the cache does not apply.
     cache: CacheLookup | None = None
     prompt_tokens: int = 0
+    # The models left to serve it, in order, should its model's queue refuse it (generation_submit).
+    fallbacks: tuple[str, ...] = ()
+    request: GenerationRequest | None = None
 
     @property
     def stream_id(self) -> str:
         return self.task.stream_id
+
+    @property
+    def model(self) -> str:
+        """The model that serves it: the one asked for, or a fallback (ModelFallback)."""
+        return self.task.model
 
 
 @dataclass(frozen=True)
@@ -130,6 +160,7 @@ class Started:
     max_tokens: int
     quota: Quota
     cache: str | None = None  # "hit" or "miss" where the response cache applies
+    model: str = ""  # the model that serves it, a fallback's name where one took it
 
 
 def generation_admit(
@@ -155,6 +186,11 @@ def generation_admit(
     UnknownModel, QuotaExceeded, InvalidRequest or EngineOverloaded (also while the
     model loads); after a refusal nothing is recorded.
 
+    A model that cannot take it (falls_back) hands it to its fallbacks, in order, those
+    the caller may use (model_fallbacks_for): the first that takes it serves it, its
+    name in the task and the ledger; when none does, the model's own refusal is raised.
+    The request is counted once, whichever model serves it.
+
     With `start_early`, where the backend allows it (a model server), the generation is
     submitted before the ledger's transaction and runs while it writes: the first token
     waits for the slower of the two, not for both. A refusal by the ledger then cancels
@@ -165,12 +201,87 @@ def generation_admit(
     account = account_for(user)
     # A model the caller may not use is refused exactly as one that does not exist.
     if model not in runner.models() or not _allowed(account, api_key, model):
+        if model in available_embedding_models() and _allowed(account, api_key, model):
+            message = f"The model {model!r} is an embedding model: it makes vectors at /v1/embeddings, not answers."
+            raise InvalidRequest(message, param="model")
         raise UnknownModel(f"The model {model!r} does not exist.")
     if unsupported := sorted(params.extra.keys() - runner.features(model)):
         raise InvalidRequest(f"The model {model!r} does not support {unsupported[0]}.", param=unsupported[0])
     limits = account.limits
     requests = usage_request_count(user=user, limits=limits, requested_max_tokens=requested_max_tokens, api_key=api_key)
-    prompt_tokens = runner.count_prompt_tokens(model, prompt)
+    request = GenerationRequest(
+        user=user,
+        account=account,
+        channel=channel,
+        prompt=prompt,
+        params=params,
+        api_key=api_key,
+        stream_id=stream_id or uuid.uuid4().hex,
+        start_early=start_early,
+        requests=requests,
+    )
+    fallbacks = model_fallbacks_for(model=model, account=account, api_key=api_key, features=params.extra.keys())
+    return _admit_first(request, (model, *fallbacks))
+
+
+def model_fallbacks_for(
+    *, model: str, account: Account, api_key: ApiKey | None = None, features: Collection[str] = ()
+) -> list[str]:
+    """The models that serve a request for `model` when it cannot take it, in the order
+    they are tried: its own fallbacks (ModelFallback, by position), then theirs, each model
+    once (a chain that comes back to a model it passed does not loop); only those served,
+    that take `features` and that the caller may use."""
+    runner = backend()
+    served = set(runner.models())
+    fallbacks: dict[str, list[str]] = {}
+    for row in ModelFallback.objects.order_by("position", "pk"):
+        fallbacks.setdefault(row.model, []).append(row.fallback)
+    chain = [model]
+    for name in chain:  # grows as it is read: breadth first, each model once
+        for fallback in fallbacks.get(name, []):
+            if fallback not in chain:
+                chain.append(fallback)
+    return [
+        name
+        for name in chain[1:]
+        if name in served and not (set(features) - runner.features(name)) and _allowed(account, api_key, name)
+    ]
+
+
+def falls_back(refusal: Exception) -> bool:
+    """Whether a model's refusal hands the request to its fallbacks: the model cannot take
+    it now (no endpoint up, its queue full, still loading) or its prompt is beyond the
+    model's context. Refusals of the caller (quotas, bad input) are the same on every model."""
+    if isinstance(refusal, InvalidRequest):
+        return refusal.code == "context_length_exceeded"
+    return isinstance(refusal, EngineOverloaded)
+
+
+def _admit_first(request: GenerationRequest, models: Sequence[str], *, refusal: Exception | None = None) -> Admitted:
+    """Admit `request` on the first of `models` that takes it; the others after it are
+    its fallbacks still. Raises the first refusal (`refusal`, if given: the one before
+    these) when none takes it, or a refusal that does not fall back as it comes."""
+    for index, model in enumerate(models):
+        try:
+            admitted = _admit_on(request, model)
+        except (InvalidRequest, EngineOverloaded) as error:
+            if not falls_back(error):
+                raise
+            refusal = refusal or error
+            continue
+        if refusal is not None:
+            logger.info("Fallback %s serves the request (%s)", model, refusal)
+        return replace(admitted, fallbacks=tuple(models[index + 1 :]), request=request)
+    assert refusal is not None  # models is never empty
+    raise refusal
+
+
+def _admit_on(request: GenerationRequest, model: str) -> Admitted:
+    """Admit `request` on `model`: count its prompt, fit it in the context, reserve its
+    tokens (generation_admit). Nothing is recorded when it raises."""
+    runner = backend()
+    user, params, limits = request.user, request.params, request.account.limits
+    prompt_tokens = runner.count_prompt_tokens(model, request.prompt)
     try:
         room = check_prompt(prompt_tokens, runner.context_length(model))
     except UnfitPrompt as unfit:
@@ -178,22 +289,22 @@ def generation_admit(
         raise InvalidRequest(str(unfit), param="prompt", code=code) from None
     max_tokens = min(params.max_tokens, room, limits.max_tokens_per_request)
     task = GenerationTask(
-        stream_id or uuid.uuid4().hex,
+        request.stream_id,
         model,
-        prompt,
+        request.prompt,
         replace(params, max_tokens=max_tokens),
         request_id=logs.request_id(),
-        priority=account.plan.priority,
+        priority=request.account.plan.priority,
         owner=str(user.pk),
         prompt_tokens=prompt_tokens,
     )
     logs.annotate(model=model, stream_id=task.stream_id)
     # The one look at the response cache: a hit is admitted like any request, and then
     # streamed from the cache by generation_submit instead of generated.
-    cache = response_cache_lookup(user_id=user.pk, model=model, prompt=prompt, params=task.params)
+    cache = response_cache_lookup(user_id=user.pk, model=model, prompt=request.prompt, params=task.params)
     if cache is not None and cache.answer is None:
         task = replace(task, cache_key=cache.key)
-    if start_early and runner.starts_early(model) and not (cache and cache.answer):
+    if request.start_early and runner.starts_early(model) and not (cache and cache.answer):
         task = replace(task, admission=LedgerVerdict())
         runner.submit(task)
     producer = runner.producer(model)
@@ -201,14 +312,14 @@ def generation_admit(
         _, granted, quota = usage_admit(
             user=user,
             limits=limits,
-            requests=requests,
-            channel=channel,
+            requests=request.requests,
+            channel=request.channel,
             model=model,
             stream_id=task.stream_id,
             producer=producer,
             prompt_tokens=prompt_tokens,
             max_tokens=max_tokens,
-            api_key=api_key,
+            api_key=request.api_key,
             cache=cache.outcome if cache else "",
         )
     except BaseException:
@@ -234,8 +345,23 @@ def generation_admit(
 def generation_submit(admitted: Admitted, *, message_id: int | None = None) -> Started:
     """Queue an admitted generation; the answer `message_id`, if given, is saved as it is written.
 
-    Raises EngineOverloaded when the queue is full; its place in the ledger is then given back.
+    Raises EngineOverloaded when the queue is full; its place in the ledger is then given
+    back. Its fallbacks left (Admitted.fallbacks) are admitted and queued in its place
+    first: the first that takes it serves it (the answer then names it), and when none
+    does, the queue's refusal is raised.
     """
+    while True:
+        try:
+            return _submit(admitted, message_id)
+        except EngineOverloaded as refusal:
+            if admitted.request is None or not admitted.fallbacks:
+                raise
+            admitted = _admit_first(admitted.request, admitted.fallbacks, refusal=refusal)
+        if message_id is not None:
+            Message.objects.filter(pk=message_id).update(model=admitted.model, producer=admitted.producer)
+
+
+def _submit(admitted: Admitted, message_id: int | None) -> Started:
     task = replace(admitted.task, message_id=message_id)
     cache = admitted.cache
     started = Started(
@@ -243,6 +369,7 @@ def generation_submit(admitted: Admitted, *, message_id: int | None = None) -> S
         max_tokens=task.params.max_tokens,
         quota=admitted.quota,
         cache=cache.outcome if cache else None,
+        model=task.model,
     )
     if cache is not None and cache.answer is not None:
         _answer_from_cache(task, cache.answer, prompt_tokens=admitted.prompt_tokens)
@@ -265,7 +392,11 @@ def _answer_from_cache(task: GenerationTask, answer: CachedAnswer, *, prompt_tok
     runtime.stream_store().create(task.stream_id)
     elapsed_ms = round((time.monotonic() - began) * 1000)
     usage_finish_from_cache(
-        stream_id=task.stream_id, finish_reason=answer.finish_reason, ttft_ms=elapsed_ms, duration_ms=elapsed_ms
+        stream_id=task.stream_id,
+        finish_reason=answer.finish_reason,
+        ttft_ms=elapsed_ms,
+        duration_ms=elapsed_ms,
+        answer_tokens=answer.completion_tokens,
     )
     if task.message_id is not None:
         Message.objects.filter(pk=task.message_id).update(
@@ -473,7 +604,7 @@ def _answer_create(conversation: Conversation, admitted: Admitted, prompt: Messa
         parent=prompt,
         status=Message.Status.STREAMING,
         stream_id=admitted.stream_id,
-        model=conversation.model,
+        model=admitted.model,  # a fallback's, where the conversation's model could not take it
         producer=admitted.producer,
         sources=admitted.sources or [],
     )
@@ -487,13 +618,15 @@ def _answer_submit(answer: Message, admitted: Admitted) -> None:
     saves into; if the queue refuses, the answer is removed again."""
     stages = _retrieval_stages_publish(admitted)
     try:
-        generation_submit(admitted, message_id=answer.pk)
+        started = generation_submit(admitted, message_id=answer.pk)
     except Exception:
         if stages:
             # Its stream ends too, so that it expires like any other (append_many: never raises).
             runtime.stream_store().append_many([(admitted.stream_id, "error", {"message": "not started"})])
         answer.delete()  # the conversation's current leaf goes back to its newest message
         raise
+    if started.model != answer.model:  # a fallback took it when the model's queue refused it
+        answer.refresh_from_db(fields=["model", "producer"])
 
 
 def _retrieval_stages_publish(admitted: Admitted) -> bool:

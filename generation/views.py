@@ -21,6 +21,8 @@ from django_htmx.middleware import HtmxDetails
 
 from accounts.decorators import members_only
 from accounts.services import account_for, quota_for
+from audit.models import AuditRecord
+from audit.services import audit_record, target_of
 from generation import connection_limits, search, services, sharing, transfer
 from generation.backends import runtime
 from generation.backends.reaping import message_mark_interrupted
@@ -39,7 +41,7 @@ from generation.forms import (
 )
 from generation.models import Conversation, Message
 from generation.refusals import REFUSALS, UNREACHABLE, Refusal, refusal_of
-from generation.selectors import MessageTree, Versions
+from generation.selectors import MessageTree, Versions, conversation_spend, with_costs
 from inference.streams import StreamEvent, StreamNotFound, coalesced
 from infrastructure import sse
 
@@ -195,7 +197,7 @@ async def _final_event(message_pk: int, seq: int | None) -> bytes:
 
 
 def _message_html(message_pk: int) -> str:
-    message = Message.objects.select_related("conversation", "feedback").get(pk=message_pk)
+    message = with_costs(Message.objects.select_related("conversation", "feedback")).get(pk=message_pk)
     versions = MessageTree(message.conversation).versions(message)
     return render_to_string("generation/_message.html", {"message": message, "versions": versions})
 
@@ -302,6 +304,7 @@ def archived(request: HtmxHttpRequest) -> HttpResponse:
 def conversation_export_markdown(request: HtmxHttpRequest, conversation_id: UUID) -> HttpResponse:
     """The branch shown, as Markdown to read."""
     found = get_object_or_404(Conversation, id=conversation_id, user=request.user)
+    _export_recorded(request, f"{target_of(found)} as markdown")
     response = HttpResponse(transfer.conversation_markdown(found), content_type="text/markdown; charset=utf-8")
     return _attachment(response, transfer.download_name(found, "md"))
 
@@ -311,6 +314,7 @@ def conversation_export_markdown(request: HtmxHttpRequest, conversation_id: UUID
 def conversation_export_json(request: HtmxHttpRequest, conversation_id: UUID) -> HttpResponse:
     """The conversation with every branch, as JSON that the import takes back."""
     found = get_object_or_404(Conversation, id=conversation_id, user=request.user)
+    _export_recorded(request, f"{target_of(found)} as json")
     return _attachment(_json_download(transfer.conversation_document(found)), transfer.download_name(found, "json"))
 
 
@@ -344,7 +348,13 @@ def your_data(request: HtmxHttpRequest) -> HttpResponse:
 @require_GET
 def your_data_export(request: HtmxHttpRequest) -> HttpResponse:
     """Every conversation of the user, every branch, in one JSON download."""
+    _export_recorded(request, f"{target_of(request.user, request.user.get_username())} all data as json")
     return _attachment(_json_download(transfer.user_document(request.user)), "chatsite-data.json")
+
+
+def _export_recorded(request: HtmxHttpRequest, target: str) -> None:
+    """What was exported, by id: never its content (a title is the user's text too)."""
+    audit_record(action=AuditRecord.Action.EXPORT, target=target, request=request)
 
 
 def _json_download(document: dict[str, Any]) -> HttpResponse:
@@ -555,7 +565,7 @@ def _conversation_page(user: User, page: int) -> tuple[Sequence[Mapping[str, Any
 
 def _thread(conversation: Conversation) -> list[tuple[Message, Versions]]:
     """The chosen branch's messages, each with its versions (for "◀ 2/3 ▶")."""
-    tree = MessageTree(conversation)
+    tree = MessageTree(conversation, costs=True)
     return [(message, tree.versions(message)) for message in tree.thread()]
 
 
@@ -563,6 +573,7 @@ def _header_context(conversation: Conversation) -> dict[str, Any]:
     return {
         "conversation": conversation,
         "rename_form": ConversationRenameForm(instance=conversation),
+        "spend": conversation_spend(conversation),
         **sharing.share_panel_context(conversation),
     }
 

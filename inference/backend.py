@@ -84,6 +84,9 @@ class ModelLoad:
     queued: int
     max_concurrent: int
     generated_tokens: int
+    # Its weights are in this process's memory now (CHAT_MODEL_IDLE_UNLOAD_S frees them while
+    # idle); None where this process holds no model (a Celery web process, a model server).
+    loaded: bool | None = None
 
 
 class GenerationBackend(Protocol):

@@ -20,9 +20,10 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from inference.batching import Sequence, open_batch
+from inference.batching import Batch, Sequence, open_batch
 from inference.fair_queue import FairQueue
-from inference.generators import GenerationOutcome, GenerationParams, Generator, Prompt, UnfitPrompt
+from inference.generators import ChatTokenizer, GenerationOutcome, GenerationParams, Generator, Prompt, UnfitPrompt
+from inference.residency import ModelNotLoaded, Residency, ResidentModel, free_memory
 from inference.streams import PRODUCER_BEAT_S, PRODUCER_BEAT_TTL_S, GenerationStatus, StreamStore, interrupted_event
 
 logger = logging.getLogger(__name__)
@@ -297,6 +298,11 @@ class Engine:
     told again when that changes. While it runs the engine beats as `producer` in the
     stream store every few seconds, so other processes can tell its unfinished streams
     from those of a dead process.
+
+    With `idle_unload_s` (CHAT_MODEL_IDLE_UNLOAD_S), the model leaves memory after that
+    long with nothing running or waiting (inference/residency.py); the next job loads it
+    again, its readers told first (a `loading` status), the jobs that come meanwhile
+    waiting for that one load.
     """
 
     def __init__(
@@ -311,10 +317,15 @@ class Engine:
         progress_interval_s: float = 2.0,
         cuda_graphs: str = "0",
         slot_tokens: int = 4096,
+        idle_unload_s: float = 0.0,
+        on_loaded: Callable[[float], None] | None = None,
     ) -> None:
         if scheduler not in (*SCHEDULERS, EAGER):
             raise ValueError(f"scheduler must be one of {SCHEDULERS}, not {scheduler!r}")
-        self._loading = BackgroundLoad(load, what="model")
+        self._model = ResidentModel(load, on_loaded=on_loaded, on_reload_failed=self._fail_waiting)
+        self.idle_unload_s = idle_unload_s  # 0: the model stays loaded
+        self._batch: Batch | None = None  # the batched scheduler's, opened after each load
+        self._busy_at = time.monotonic()  # when the last job ended
         self.store = store
         self.scheduler = scheduler
         self.max_queue = max_queue
@@ -344,15 +355,30 @@ class Engine:
 
     @property
     def generator(self) -> Generator | None:
-        return self._loading.value
+        """The model, while it is in memory."""
+        return self._model.generator
+
+    @property
+    def tokenizer(self) -> ChatTokenizer | Generator | None:
+        """What counts prompt tokens: the model, or its tokenizer while the model is out of memory."""
+        return self._model.tokenizer
 
     @property
     def load_error(self) -> str | None:
-        return self._loading.error
+        return self._model.error
+
+    @property
+    def residency(self) -> Residency:
+        return self._model.state
+
+    @property
+    def loaded(self) -> bool:
+        return self._model.state == Residency.LOADED
 
     @property
     def ready(self) -> bool:
-        return self.generator is not None and not self._stopping.is_set()
+        """It serves: its model loaded, or unloaded while idle and loaded again on demand."""
+        return self._model.ready and not self._stopping.is_set()
 
     @property
     def stopping(self) -> bool:
@@ -365,7 +391,7 @@ class Engine:
             return len(self._jobs)
 
     def wait_ready(self, timeout: float | None = None) -> bool:
-        self._loading.wait(timeout)
+        self._model.wait_first_load(timeout)
         return self.ready
 
     def start(self) -> None:
@@ -373,9 +399,13 @@ class Engine:
         with self._lock:
             if not self._threads:
                 self._threads = [
-                    self._loading.thread(),
+                    self._model.thread(),
                     threading.Thread(target=self._beat, name="chatsite-heartbeat", daemon=True),
                 ]
+                if self.idle_unload_s > 0 and self.scheduler != EAGER:
+                    self._threads.append(
+                        threading.Thread(target=self._unload_when_idle, name="chatsite-idle-unload", daemon=True)
+                    )
                 if self.scheduler == "batched":
                     self._threads.append(threading.Thread(target=self._batch_loop, name="chatsite-batch", daemon=True))
                 for thread in self._threads:
@@ -397,15 +427,18 @@ class Engine:
             self._jobs.append(job)
             index = self._jobs.index(job)
             ahead = self.active + index - self.max_concurrent
-            # Told unless its readers already know this place (a job queued by a web process
-            # of GENERATION_BACKEND=celery comes with the place it was told there).
-            if ahead >= 0 and ahead != job.ahead:
-                try:
+            try:
+                # Freed while idle: its readers hear first that the model loads again.
+                if self._model.state in (Residency.UNLOADED, Residency.RELOADING):
+                    self.store.append(job.stream_id, "status", {"state": "loading"})
+                # Told unless its readers already know this place (a job queued by a web process
+                # of GENERATION_BACKEND=celery comes with the place it was told there).
+                if ahead >= 0 and ahead != job.ahead:
                     self.store.append(job.stream_id, "status", {"state": "queued", "ahead": ahead})
-                except Exception:
-                    self._jobs.remove(job)  # refused: it must not run, nor hold a place
-                    raise
-                job.ahead = ahead
+                    job.ahead = ahead
+            except Exception:
+                self._jobs.remove(job)  # refused: it must not run, nor hold a place
+                raise
             news = self._pushed_back(index)
             if self.scheduler == "batched":
                 self._job_ready.notify()
@@ -421,7 +454,7 @@ class Engine:
         self._publish_status(news)
         self.start()
         if self.scheduler == EAGER:
-            self._loading.wait()
+            self._model.wait_first_load()
             for taken in self._take(1, wait=False) or []:
                 self._generate_alone(taken)
 
@@ -453,6 +486,50 @@ class Engine:
     def busy(self) -> bool:
         with self._lock:
             return self.active > 0 or bool(self._jobs)
+
+    def _unload_due_in(self) -> float | None:
+        """Seconds until the model is to leave memory, if nothing runs or waits meanwhile;
+        None while it is not in memory or never leaves it. Called with the lock held."""
+        if not self.idle_unload_s or self._model.state != Residency.LOADED:
+            return None
+        if self.active or self._jobs:
+            return self.idle_unload_s  # at the soonest: look again then
+        idle_since = max(self._busy_at, self._model.loaded_at)
+        return max(0.0, idle_since + self.idle_unload_s - time.monotonic())
+
+    def _unload_when_idle(self) -> None:
+        while True:
+            with self._lock:
+                due = self._unload_due_in()
+            if due == 0:
+                self._unload()
+                continue
+            if self._stopping.wait(self.idle_unload_s if due is None else due):
+                return
+
+    def _unload(self) -> None:
+        """Free the model (and the batch's caches and CUDA graphs) unless a job came meanwhile.
+
+        Decided under the lock, so that a job submitted from here on is told it loads
+        again. Nothing else holds the model now: jobs use it only while counted active."""
+        with self._lock:
+            if self._unload_due_in() != 0:
+                return
+            batch, self._batch = self._batch, None
+            generator = self._model.release()
+        del batch, generator  # the last references: their tensors go now
+        free_memory()
+        logger.info("The model left memory after %s s with nothing to do", self.idle_unload_s)
+
+    def _fail_waiting(self, error: str) -> None:
+        """End the jobs waiting for a reload that failed, with its error: told that the
+        model loads, they must not wait for the next try."""
+        with self._lock:
+            failed = [self._jobs.popleft() for _ in range(len(self._jobs))]
+            self.active += len(failed)  # never ran, but _end() counts them out like the others
+        for job in failed:
+            run = _Run(job, self)
+            self._finish(run, run.failed(ModelNotLoaded(f"the model is not loaded ({error})")))
 
     def _beat(self) -> None:
         while True:
@@ -551,87 +628,105 @@ class Engine:
 
     def _work(self) -> None:
         """A sequential worker: one generate() call at a time."""
-        self._loading.wait()
+        self._model.wait_first_load()
         while jobs := self._take(1, wait=True):
             self._generate_alone(jobs[0])
 
     def _generate_alone(self, job: Job) -> None:
         """One job's own generate() call, then its result saved and its terminal event."""
         run = _Run(job, self)
+        self._finish(run, self._outcome_alone(run)).result()
+
+    def _outcome_alone(self, run: _Run) -> GenerationResult:
+        # A frame of its own: its hold on the model ends before the job counts as ended.
         try:
-            if self.generator is None:
-                raise RuntimeError(f"the model is not loaded ({self.load_error})")
             if run.poll_cancelled():  # cancelled while waiting in the queue
-                final = run.cancelled_before_start()
-            else:
-                outcome = self.generator.generate(run.job.prompt, run.job.params, run.on_token, run.poll_cancelled)
-                final = run.finished(outcome)
+                return run.cancelled_before_start()
+            generator = self._model.acquire()  # loaded first where it was freed
+            return run.finished(generator.generate(run.job.prompt, run.job.params, run.on_token, run.poll_cancelled))
         except Exception as error:
-            final = run.failed(error)
-        self._finish(run, final).result()
+            return run.failed(error)
+
+    def _open_batch(self) -> Batch:
+        """The batch of the model, opened once per load, the model loaded first where it was freed."""
+        if self._batch is not None:
+            return self._batch
+        generator = self._model.acquire()
+        if self._model.error:  # its batch could not be set up after this load
+            raise ModelNotLoaded(f"the model is not loaded ({self._model.error})")
+        try:
+            self._batch = open_batch(
+                generator, max_rows=self.max_concurrent, cuda_graphs=self.cuda_graphs, row_tokens=self.slot_tokens
+            )
+        except Exception as error:  # e.g. no memory for the key/value slots: every job is told why
+            logger.exception("The batch could not be set up")
+            self._model.error = f"{type(error).__name__}: {error}"  # setting up the batch is part of loading
+            raise ModelNotLoaded(f"the model is not loaded ({self._model.error})") from error
+        return self._batch
 
     def _batch_loop(self) -> None:
         """The batched scheduler: one thread stepping every running generation together."""
-        self._loading.wait()
-        batch = None
-        if self.generator is not None:
-            try:
-                batch = open_batch(
-                    self.generator,
-                    max_rows=self.max_concurrent,
-                    cuda_graphs=self.cuda_graphs,
-                    row_tokens=self.slot_tokens,
-                )
-            except Exception as error:  # e.g. no memory for the key/value slots: every job is told why
-                logger.exception("The batch could not be set up")
-                self._loading.error = f"{type(error).__name__}: {error}"  # setting up the batch is part of loading
+        self._model.wait_first_load()
         runs: dict[Sequence, _Run] = {}
         outbox: list[Event] = []
         while (jobs := self._take(self.max_concurrent - len(runs), wait=not runs, decoding=len(runs))) is not None:
-            running = {run.job.stream_id: run for run in runs.values()}
-            joining = {job.stream_id for job in jobs}
-            cancelled = self._cancelled_among([*running, *joining])
-            for stream_id in cancelled & running.keys():
-                running[stream_id].cancelled = True
-            if cancelled - running.keys() - joining:
-                self._withdraw_cancelled(cancelled)
-            for job in jobs:
-                run = _Run(job, self, outbox)
-                try:
-                    if batch is None:
-                        raise RuntimeError(f"the model is not loaded ({self.load_error})")
-                    if job.stream_id in cancelled or self._interrupting.is_set():
-                        run.cancelled = job.stream_id in cancelled
-                        self._finish(run, run.cancelled_before_start())
-                    else:
-                        batch.add(run.sequence)
-                        runs[run.sequence] = run
-                except Exception as error:
-                    self._finish(run, run.failed(error))
-            if not runs or batch is None:
-                continue
-            by_stream = {run.job.stream_id: run for run in runs.values()}
+            self._batch_step(jobs, runs, outbox)
+
+    def _batch_step(self, jobs: list[Job], runs: dict[Sequence, _Run], outbox: list[Event]) -> None:
+        """The jobs taken join the batch, then every row decodes a token. A frame of its
+        own: while the loop waits for jobs it holds nothing of the model, which may leave."""
+        running = {run.job.stream_id: run for run in runs.values()}
+        joining = {job.stream_id for job in jobs}
+        cancelled = self._cancelled_among([*running, *joining])
+        for stream_id in cancelled & running.keys():
+            running[stream_id].cancelled = True
+        if cancelled - running.keys() - joining:
+            self._withdraw_cancelled(cancelled)
+        batch: Batch | None = None
+        unavailable: Exception | None = None
+        if jobs:  # one load (or one failure) for all the jobs joining
             try:
-                finished = batch.step()
+                batch = self._open_batch()
             except Exception as error:
-                logger.exception("A batched decoding step failed; ending its %d generations", len(runs))
-                self._send(outbox, by_stream)  # what they generated before it failed
-                batch.cancel_all()
-                for run in runs.values():
-                    self._finish(run, run.failed(error))
-                runs.clear()
-                continue
-            finals = []
-            for sequence, outcome in finished:
-                run = runs.pop(sequence)
-                if isinstance(outcome, Exception):  # this row alone failed; the others go on
-                    finals.append((run, run.failed(outcome)))
+                unavailable = error
+        for job in jobs:
+            run = _Run(job, self, outbox)
+            try:
+                if job.stream_id in cancelled or self._interrupting.is_set():
+                    run.cancelled = job.stream_id in cancelled
+                    self._finish(run, run.cancelled_before_start())
+                elif batch is None:
+                    self._finish(run, run.failed(unavailable or ModelNotLoaded("the model is not loaded")))
                 else:
-                    finals.append((run, run.finished(outcome)))  # may add the text a stop string held back
-            # Every row's tokens of this step, before any terminal event that follows them.
-            self._send(outbox, by_stream)
-            for run, final in finals:
-                self._finish(run, final)
+                    batch.add(run.sequence)
+                    runs[run.sequence] = run
+            except Exception as error:
+                self._finish(run, run.failed(error))
+        batch = self._batch
+        if not runs or batch is None:
+            return
+        by_stream = {run.job.stream_id: run for run in runs.values()}
+        try:
+            finished = batch.step()
+        except Exception as error:
+            logger.exception("A batched decoding step failed; ending its %d generations", len(runs))
+            self._send(outbox, by_stream)  # what they generated before it failed
+            batch.cancel_all()
+            for run in runs.values():
+                self._finish(run, run.failed(error))
+            runs.clear()
+            return
+        finals = []
+        for sequence, outcome in finished:
+            run = runs.pop(sequence)
+            if isinstance(outcome, Exception):  # this row alone failed; the others go on
+                finals.append((run, run.failed(outcome)))
+            else:
+                finals.append((run, run.finished(outcome)))  # may add the text a stop string held back
+        # Every row's tokens of this step, before any terminal event that follows them.
+        self._send(outbox, by_stream)
+        for run, final in finals:
+            self._finish(run, final)
 
     def _send(self, outbox: list[Event], runs: dict[str, _Run]) -> None:
         """Publish a step's token events, all rows in one store call (one Redis round trip).
@@ -662,6 +757,7 @@ class Engine:
         with self._lock:
             self.active -= 1
             self.generated_tokens += final.completion_tokens
+            self._busy_at = time.monotonic()
         if final.status == GenerationStatus.INTERRUPTED:  # as the reaper tells a dead process's readers
             self._append_quietly(job.stream_id, *interrupted_event(**final.summary()))
         elif final.status == GenerationStatus.ERROR:

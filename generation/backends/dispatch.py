@@ -56,6 +56,11 @@ class CeleryDispatcher:
         return self._loading.value
 
     @property
+    def tokenizer(self) -> Any:
+        """What counts prompt tokens (no weights): the same as `generator`."""
+        return self._loading.value
+
+    @property
     def load_error(self) -> str | None:
         return self._loading.error
 

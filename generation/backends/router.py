@@ -31,10 +31,11 @@ logger = logging.getLogger(__name__)
 
 
 def _loaded(holder: Any) -> ChatTokenizer | Generator:
-    """What counts an engine's (or dispatcher's) prompt tokens; EngineOverloaded while it loads."""
-    if holder.generator is None:
+    """What counts an engine's (or dispatcher's) prompt tokens (an engine whose model left
+    memory while idle keeps its tokenizer); EngineOverloaded while it loads."""
+    if holder.tokenizer is None:
         raise EngineOverloaded(f"the model is not loaded ({holder.load_error or 'loading'})")
-    return holder.generator  # type: ignore[no-any-return]
+    return holder.tokenizer  # type: ignore[no-any-return]
 
 
 def _real_tokenizer(holder: ChatTokenizer | Generator | None) -> ChatTokenizer | None:
@@ -85,7 +86,9 @@ class InProcessBackend:
 
     def loads(self) -> list[ModelLoad]:
         return [
-            ModelLoad(model, e.scheduler, e.ready, e.active, e.queued, e.max_concurrent, e.generated_tokens)
+            ModelLoad(
+                model, e.scheduler, e.ready, e.active, e.queued, e.max_concurrent, e.generated_tokens, loaded=e.loaded
+            )
             for model, e in sorted(runtime.local_engines().items())
         ]
 

@@ -22,6 +22,7 @@ from inference.generators import load_generator
 from inference.redis_streams import RedisStreamStore
 from inference.registry import ModelSpec, available_models, resolve_model
 from inference.streams import InMemoryStreamStore, StreamStore
+from infrastructure.metrics import observe_model_load
 
 # Who generates in this process: unique per process start, so a restarted process
 # can tell its predecessor's unfinished answers from live ones.
@@ -127,6 +128,8 @@ def _engine_for(spec: ModelSpec, store: StreamStore) -> Engine:
         producer=PRODUCER,
         cuda_graphs=settings.GENERATION_CUDA_GRAPHS,
         slot_tokens=settings.GENERATION_SLOT_TOKENS,
+        idle_unload_s=settings.CHAT_MODEL_IDLE_UNLOAD_S,
+        on_loaded=partial(observe_model_load, spec.name),
     )
 
 

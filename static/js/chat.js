@@ -1,7 +1,7 @@
 // Streaming answers: SSE "status" events carry its stages: in a conversation with
 // documents {"state": "retrieving"}, then {"state": "generating", "sources": [...]}; while
 // it waits for room its place in the queue ({"state": "queued", "ahead": N}, then
-// {"state": "running"}); then "token"
+// {"state": "running"}); while a model freed when idle loads again {"state": "loading"}; then "token"
 // events carry JSON {"delta": "..."}, appended as text nodes (never parsed as HTML); the
 // final "done" event is swapped in by htmx as the saved, server-rendered answer.
 (function () {
@@ -13,6 +13,7 @@
 
   function waitingWords(status) {
     if (status.state === "retrieving") return "Searching your documents\u2026";
+    if (status.state === "loading") return "Loading the model\u2026";
     if (status.state !== "queued") return "";
     return status.ahead > 0 ? "Waiting \u2014 " + status.ahead + " ahead" : "Waiting \u2014 next in line";
   }

@@ -44,6 +44,7 @@ def test_models_lists_the_available_models(alice_key, fast_engine):
         "object": "model",
         "created": 0,
         "owned_by": "chatsite",
+        "kind": "chat",
     }
     assert all(response.has_header(name) for name in RATE_HEADERS)
     assert response["X-Request-Id"]

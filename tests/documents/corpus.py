@@ -176,3 +176,30 @@ QUESTIONS: list[tuple[str, str]] = [
     ("How do I find the puncture in an inner tube?", "bicycle-repair.md"),
     ("My compost heap smells bad, what should I do?", "composting.txt"),
 ]
+
+# (question, the document that answers it): asked in words the document does not use, so
+# that only their meaning leads to it. None of their searchable words (search.query_terms)
+# is in the document they name, stemmed as the full-text index stems them
+# (test_retrieval.py checks it); the retrieval benchmark (bench/retrieval.py) scores them.
+PARAPHRASES: list[tuple[str, str]] = [
+    ("How often do I give my leaven a meal?", "sourdough.md"),
+    ("How many offspring does the ruling insect of a hive produce daily?", "honeybees.md"),
+    ("What kind of fire mountain has mild inclines made by runny molten stone?", "volcanoes.txt"),
+    ("At the start of a board game, should I bring out horses ahead of the diagonal sliders?", "chess-openings.md"),
+    ("What makes the sea rise and fall twice daily?", "tides.txt"),
+    ("How do green leaves turn sunshine into food?", "photosynthesis.md"),
+    ("Both forks of my project touched identical code; how do I reconcile the clash?", "git-branching.md"),
+    ("How should I prepare over months for a 42 km footrace?", "marathon-training.txt"),
+    ("What proportion of beans to liquid suits a manual filter drip?", "coffee-brewing.md"),
+    ("How did the ancient empire of Italy transport fresh liquid to its towns?", "roman-aqueducts.txt"),
+    ("Why do the bottoms of my red garden fruits turn black and rotten?", "tomato-growing.md"),
+    ("What is the boundary beyond which a cosmic sinkhole traps everything?", "black-holes.txt"),
+    ("How does a jab teach our defences to fight infections?", "vaccines.md"),
+    ("How do I keep third-party libraries of one coding project isolated from others?", "python-virtualenv.md"),
+    ("How do I begin a scarf with wool and a pair of sticks?", "knitting.txt"),
+    ("What makes the polar sky shimmer with colours?", "northern-lights.md"),
+    ("What happens if I submit my yearly paperwork to the revenue office after the cutoff?", "tax-deadlines.txt"),
+    ("How far can a plug-in vehicle go on a single charge in winter?", "electric-cars.md"),
+    ("How can I nod off more easily at night?", "sleep-hygiene.md"),
+    ("How do I mend a bike whose rubber has gone soft from a leak?", "bicycle-repair.md"),
+]

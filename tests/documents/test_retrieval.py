@@ -9,7 +9,7 @@ from documents import services
 from documents.models import Document, Passage
 from documents.search import passages_search, query_terms
 from generation.models import Conversation
-from tests.documents.corpus import DOCUMENTS, QUESTIONS
+from tests.documents.corpus import DOCUMENTS, PARAPHRASES, QUESTIONS
 
 pytestmark = pytest.mark.django_db
 
@@ -43,14 +43,32 @@ def top_documents(user, conversation, question: str) -> list[str]:
     return [source["document"] for source in retrieval.sources[:3]]
 
 
-def test_the_right_document_is_among_the_top_three_passages_for_at_least_18_of_20_questions(alice, corpus):
+def test_the_right_document_is_among_the_top_three_passages_for_all_20_questions(alice, corpus):
     misses = [
         (question, expected, found)
         for question, expected in QUESTIONS
         if expected not in (found := top_documents(alice, corpus, question))
     ]
     assert len(QUESTIONS) == 20
-    assert len(misses) <= 2, misses
+    assert misses == []  # as by words alone: the vectors lose none of them (hybrid retrieval, #35)
+
+
+def test_the_right_document_is_among_the_top_three_for_at_least_16_of_20_paraphrases(alice, corpus):
+    """Questions in words their document does not use: found by meaning (hybrid retrieval).
+    bench/retrieval.py reports the figure (18 of 20 when measured; words alone: 0)."""
+    misses = [
+        (question, expected, found)
+        for question, expected in PARAPHRASES
+        if expected not in (found := top_documents(alice, corpus, question))
+    ]
+    assert len(PARAPHRASES) == 20
+    assert len(misses) <= 4, misses
+
+
+def test_the_paraphrases_share_no_searchable_word_with_their_document(alice, corpus):
+    documents = dict(Document.objects.filter(conversation=corpus).values_list("name", "id"))
+    for question, expected in PARAPHRASES:
+        assert passages_search([documents[expected]], query_terms(question), 5) == [], question
 
 
 def test_the_prompt_numbers_the_passages_as_the_sources_and_asks_for_citations(alice, corpus):

@@ -38,7 +38,8 @@ ERROR_FIELDS = {"message", "type", "param", "code"}
 # more tokens than the plan gives, a tokenizer the model lacks (the synthetic model's /tokenize).
 # No schema can tell these; any other 400 to a schema-valid request is a mismatch.
 MODEL_REFUSALS = re.compile(
-    r"^The prompt is empty|^The model '[^']+' (does not support |has no tokenizer)|^max_tokens is at most "
+    r"^The prompt is empty|^The model '[^']+' (does not support |has no tokenizer|makes vectors of )"
+    r"|^max_tokens is at most "
 )
 
 # Every tenth request has no key, and the next a wrong one; the others the valid key.
@@ -71,6 +72,7 @@ def fuzz_document() -> dict:
             properties.pop(field, None)
     for name in ("TokenizeCompletionRequest", "TokenizeChatRequest", "DetokenizeRequest"):
         schemas[name]["properties"]["model"] = {"enum": ["synthetic"]}
+    schemas["EmbeddingRequest"]["properties"]["model"] = {"enum": ["all-minilm-l6-v2"]}
     # Prompts with words in them, and no tool round trips, which need tools.
     words = {"type": "string", "pattern": r"\S"}
     schemas["CompletionRequest"]["properties"]["prompt"]["anyOf"][0] = words
@@ -79,6 +81,14 @@ def fuzz_document() -> dict:
     message["role"]["enum"].remove("tool")
     del message["tool_calls"], message["tool_call_id"]
     schemas["ChatMessage"]["anyOf"] = schemas["ChatMessage"]["anyOf"][:1]  # content, then: no tool_calls
+    # Responses: the model served, short answers, words in the input, and no previous response
+    # (a made-up id is refused, 400, as the document says: GET /responses/{id} is fuzzed with them).
+    responses = schemas["ResponseCreateRequest"]["properties"]
+    responses["model"] = {"enum": ["synthetic"]}
+    responses["max_output_tokens"]["anyOf"][0]["maximum"] = MAX_TOKENS
+    responses["input"]["anyOf"][0] = words
+    responses.pop("previous_response_id")
+    schemas["ResponseInputMessage"]["properties"]["content"]["anyOf"][0] = words
     return document
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
+from api.openapi import openapi_document
 from tests.support.browser import REPORT_VIOLATIONS, sign_up, wait_for_words
 
 SYNTHETIC_ENV = {"CHAT_ENABLE_SYNTHETIC": "1", "CHAT_MODEL": "synthetic", "CHAT_SYNTHETIC_TOKENS_PER_S": "100"}
@@ -73,7 +74,9 @@ def test_the_api_docs_page_renders_the_openapi_document_with_the_vendored_swagge
 
     operations = page.locator(".opblock-summary-path")
     expect(operations.filter(has_text="/chat/completions").first).to_be_visible(timeout=20_000)
-    expect(operations).to_have_count(6)
+    document = openapi_document()
+    verbs = {"get", "post", "put", "patch", "delete"}
+    expect(operations).to_have_count(sum(len(verbs & item.keys()) for item in document["paths"].values()))
     page.locator(".opblock-summary-path", has_text="/chat/completions").first.click()  # unfolds its responses
     expect(page.locator(".responses-wrapper").first).to_contain_text("429")
     assert violations == []

@@ -169,7 +169,7 @@ def paused_engine(request):
         return SyntheticGenerator(tokens_per_s=2000, answer_words=2)
 
     engine = Engine(load, store, max_concurrent=1, max_queue=64, scheduler=request.param)
-    engine.loaded = loaded
+    engine.model_may_load = loaded  # the test's hand on the load (Engine.loaded is its state)
     yield engine
     loaded.set()
     engine.stop(10)
@@ -207,7 +207,7 @@ def test_engine_takes_another_users_request_after_at_most_one_of_twenty_and_told
         {"state": "queued", "ahead": 0},
         {"state": "queued", "ahead": 1},
     ]
-    paused_engine.loaded.set()
+    paused_engine.model_may_load.set()
     wait_until(lambda: len(taken) == 21, timeout=30)
 
     assert taken[:3] == ["a0", "b0", "a1"]
@@ -224,7 +224,7 @@ def test_engine_takes_a_higher_priority_plans_request_first(paused_engine):
     # Nobody was ahead of it: never told to wait. The first of alice's, which had the free
     # row until then, is told it now waits; the others, that they moved one place back.
     assert told_places(paused_engine.store, ["vip", "a0", "a1", "a2"]) == {"a0": 0, "a1": 1, "a2": 2}
-    paused_engine.loaded.set()
+    paused_engine.model_may_load.set()
     wait_until(lambda: len(taken) == 4, timeout=30)
     assert taken == ["vip", "a0", "a1", "a2"]
 
@@ -235,7 +235,7 @@ def test_engine_takes_three_users_in_turns_and_tells_them_so(paused_engine):
     for name in names:
         submit(paused_engine, taken, name, {"a": "alice", "b": "bob", "c": "carol"}[name[0]])
     told = told_places(paused_engine.store, names)
-    paused_engine.loaded.set()
+    paused_engine.model_may_load.set()
     wait_until(lambda: len(taken) == 9, timeout=30)
     assert taken == ["a0", "b0", "c0", "a1", "b1", "c1", "a2", "b2", "c2"]
     assert {name: taken.index(name) - 1 for name in told} == told
