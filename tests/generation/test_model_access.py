@@ -14,13 +14,14 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
 from accounts.forms import ModelNamesField
+from accounts.key_cache import api_access_changed
 from accounts.models import Account, ApiKey, Plan
 from accounts.services import account_for, api_key_create
 from generation import services
 from generation.backends import runtime
 from generation.models import Conversation, SharedLink
 from inference.generators import SyntheticGenerator
-from tests.support.api_client import assert_error, get, post
+from tests.support.api_client import assert_error, get, post, sse
 from tests.support.engines import install_engine
 from tests.support.sockets import ORIGIN, socket
 from tests.support.streams import session_headers
@@ -224,3 +225,24 @@ def test_a_plan_edited_in_the_admin_takes_the_list(admin_client, two_models):
     plan.refresh_from_db()
     assert plan.allowed_models == [OTHER]
     assert settings.CHAT_MODEL == DEFAULT
+
+
+def test_a_stream_resumes_to_its_end_after_its_model_is_disallowed_and_the_next_request_is_refused(alice, two_models):
+    _, plain = api_key_create(user=alice, name="k")
+    body = {
+        "model": DEFAULT,
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 4,
+        "stream": True,
+        "stream_options": {"resumable": True},
+    }
+    completion_id = json.loads(sse(post("/v1/chat/completions", body, plain))[0][1])["id"]
+    only(alice, OTHER)
+    api_access_changed()  # as the admin's save of the plan does
+
+    resumed = sse(get(f"/v1/streams/{completion_id}?after=1", plain))
+    refused = post("/v1/chat/completions", {**body, "stream": False}, plain)
+
+    assert resumed[-1] == (None, "[DONE]")
+    assert any("content" in json.loads(data)["choices"][0]["delta"] for _, data in resumed[:-1])
+    assert_error(refused, 404, "model_not_found")
