@@ -88,32 +88,31 @@ def signup_pending(request: HttpRequest) -> HttpResponse:
     return render(request, "accounts/signup_pending.html")
 
 
-class PasswordChangeView(auth_views.PasswordChangeView):
+class PasswordChangeRecorded:
+    """A view whose valid form sets `form.user`'s password: the change goes in the audit trail."""
+
+    request: HttpRequest
+
+    def form_valid(self, form: Any) -> HttpResponse:
+        response = super().form_valid(form)  # type: ignore[misc]
+        user = form.user
+        target = target_of(user, user.get_username())
+        audit_record(action=AuditRecord.Action.PASSWORD_CHANGED, actor=user, target=target, request=self.request)
+        return response
+
+
+class PasswordChangeView(PasswordChangeRecorded, auth_views.PasswordChangeView):
     """Django's password change, recorded in the audit trail."""
 
     template_name = "accounts/password_change.html"
     success_url = reverse_lazy("accounts:password_change_done")
 
-    def form_valid(self, form: Any) -> HttpResponse:
-        response = super().form_valid(form)
-        user = form.user
-        target = target_of(user, user.get_username())
-        audit_record(action=AuditRecord.Action.PASSWORD_CHANGED, actor=user, target=target, request=self.request)
-        return response
 
-
-class PasswordResetConfirmView(auth_views.PasswordResetConfirmView):
+class PasswordResetConfirmView(PasswordChangeRecorded, auth_views.PasswordResetConfirmView):
     """Django's new password from a reset link, recorded in the audit trail."""
 
     template_name = "accounts/password_reset_confirm.html"
     success_url = reverse_lazy("accounts:password_reset_complete")
-
-    def form_valid(self, form: Any) -> HttpResponse:
-        response = super().form_valid(form)
-        user = form.user
-        target = target_of(user, user.get_username())
-        audit_record(action=AuditRecord.Action.PASSWORD_CHANGED, actor=user, target=target, request=self.request)
-        return response
 
 
 class LoginView(PasswordThenCodeLoginView):
