@@ -34,12 +34,20 @@ from api.response_events import (
 )
 from api.schemas import ResponseCreateRequest
 from api.services import stored_response_create, stored_response_delete, stored_response_finish, stored_response_get
-from api.views import Caller, _cancel, _cancel_quietly, _parse, _refused, _stream_place, api_view
+from api.views import (
+    Caller,
+    _cancel,
+    _cancel_quietly,
+    _parse,
+    _refused,
+    _start_while_connected,
+    _stream_place,
+    api_view,
+)
 from generation import connection_limits
 from generation.backends import runtime
 from generation.connection_limits import Held
 from generation.refusals import REFUSALS, UNREACHABLE, refusal_of
-from generation.services import generation_start
 from inference.streams import MAX_SEQUENCE, StreamNotFound
 from infrastructure import sse
 from infrastructure.database import in_database_thread
@@ -150,8 +158,9 @@ async def _start(
     streamed, and the model that serves it."""
     held = _stream_place(caller) if body.stream else None
     try:
-        started = await in_database_thread(
-            generation_start,
+        started = await _start_while_connected(
+            held,
+            resumable=body.resumable,
             user=caller.user,
             channel=UsageRecord.Channel.API,
             model=body.model,
@@ -162,8 +171,6 @@ async def _start(
             stream_id=head.stream_id,
         )
     except REFUSALS as error:
-        if held is not None:
-            held.release()
         refusal = refusal_of(error)
         raise _refused(refusal, param=PARAMS.get(refusal.param or "", refusal.param)) from None
     caller.quota = started.quota

@@ -7,6 +7,8 @@ resumed (`/v1/streams/<id>`) or cancelled from any process.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, replace
@@ -44,7 +46,7 @@ from generation.backends import runtime
 from generation.connection_limits import Held, TooManyConnections
 from generation.embeddings import embeddings_admit, embeddings_make, embeddings_settle, embeddings_withdraw
 from generation.refusals import REFUSALS, UNREACHABLE, Refusal, refusal_of
-from generation.services import generation_cancel, generation_start, models_for
+from generation.services import Started, generation_cancel, generation_start, models_for
 from generation.tokenizing import ModelTokenizer, tokenizer_for
 from inference.generators import Prompt, UnfitPrompt, UnknownTokenId
 from inference.streams import StreamNotFound
@@ -298,8 +300,9 @@ async def _complete(
     # Taken before the generation starts: a stream refused its place generates nothing.
     held = _stream_place(caller) if body.stream else None
     try:
-        started = await in_database_thread(
-            generation_start,
+        started = await _start_while_connected(
+            held,
+            resumable=body.resumable,
             user=caller.user,
             channel=UsageRecord.Channel.API,
             model=body.model,
@@ -310,8 +313,6 @@ async def _complete(
             stream_id=completion.stream_id,
         )
     except REFUSALS as error:
-        if held is not None:
-            held.release()
         refusal = refusal_of(error)
         # The services call the prompt "prompt"; a chat completion's is its messages.
         param = "messages" if refusal.param == "prompt" and completion.kind == "chat" else refusal.param
@@ -443,6 +444,46 @@ async def _stream_gone(caller: Caller, completion: Completion) -> ApiError:
     so_far = f" after {tokens} token{'s' if tokens != 1 else ''}" if tokens else ""
     message = f"This answer was interrupted (the server stopped){so_far}; it will not be finished."
     return ApiError(500, message, code="generation_failed")
+
+
+# Tasks that outlive their request; the loop keeps only weak references to tasks.
+_left_running: set[asyncio.Task[None]] = set()
+
+
+def _keep_until_done(task: asyncio.Task[None]) -> None:
+    _left_running.add(task)
+    task.add_done_callback(_left_running.discard)
+
+
+async def _cancel_once_started(start: asyncio.Future[Started], stream_id: str) -> None:
+    """Cancel the generation of an admission whose client has gone, once it has started
+    (a refused one started nothing)."""
+    with contextlib.suppress(Exception):
+        await start
+        await _cancel_quietly(stream_id)
+
+
+async def _start_while_connected(held: Held | None, *, resumable: bool, **fields: Any) -> Started:
+    """generation_start(**fields) on a database thread, for a client that may leave meanwhile.
+
+    Django cancels the view when the client disconnects, but not the thread, whose
+    generation would then run, and be charged, for no one: it is cancelled once started
+    (a resumable stream is left to run, as when its reader leaves later). On a refusal,
+    or when the client leaves, the stream's `held` place is given back.
+    """
+    start = asyncio.ensure_future(in_database_thread(generation_start, **fields))
+    try:
+        return await asyncio.shield(start)
+    except asyncio.CancelledError:
+        if not resumable:
+            _keep_until_done(asyncio.create_task(_cancel_once_started(start, fields["stream_id"])))
+        if held is not None:
+            held.release()
+        raise
+    except REFUSALS:
+        if held is not None:
+            held.release()
+        raise
 
 
 async def _cancel_quietly(stream_id: str) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
 import pytest
 from channels.testing import ApplicationCommunicator
@@ -11,7 +13,8 @@ from django.urls import reverse
 
 from accounts.models import UsageRecord
 from accounts.services import api_key_create
-from generation import services
+from api import views as api_views
+from generation import connection_limits, services
 from generation.backends import reaping, runtime
 from generation.models import Conversation, Message
 from tests.support.engines import wait_for_terminal, wait_until
@@ -137,6 +140,47 @@ def test_an_api_stream_cancels_its_generation_when_the_client_disconnects(alice,
     [record] = UsageRecord.objects.filter(user=alice)
     events = wait_for_terminal(slow_engine.store, record.stream_id, timeout=5)
     assert events[-1].data["status"] == "stopped"
+
+
+def test_an_api_stream_whose_client_leaves_during_admission_generates_nothing(alice, slow_engine, monkeypatch):
+    """Django cancels the view when the client disconnects, but not the admission's thread:
+    the generation that thread starts is cancelled once it has, and the stream place freed."""
+    key = api_key_create(user=alice, name="test")[1]
+    body = b'{"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "Hi"}], "stream": true}'
+    admitting = threading.Event()
+
+    def slow_start(**kwargs):
+        admitting.set()
+        time.sleep(0.5)  # the client leaves meanwhile
+        return services.generation_start(**kwargs)
+
+    monkeypatch.setattr(api_views, "generation_start", slow_start)
+
+    async def send_then_disconnect() -> list:
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/v1/chat/completions",
+            "query_string": b"",
+            "headers": [
+                (b"host", b"localhost"),
+                (b"authorization", f"Bearer {key}".encode()),
+                (b"content-type", b"application/json"),
+            ],
+        }
+        communicator = ApplicationCommunicator(get_asgi_application(), scope)
+        await communicator.send_input({"type": "http.request", "body": body})
+        await asyncio.to_thread(admitting.wait, 5)
+        await communicator.send_input({"type": "http.disconnect"})
+        await communicator.wait(5)
+        # The server's loop runs on, as in a real server, until the generation has ended.
+        await asyncio.to_thread(wait_until, lambda: UsageRecord.objects.filter(user=alice).exists(), 5)
+        record = await UsageRecord.objects.aget(user=alice)
+        return await asyncio.to_thread(wait_for_terminal, slow_engine.store, record.stream_id, 10)
+
+    events = asyncio.run(send_then_disconnect())
+    assert events[-1].data["status"] == "stopped"
+    assert connection_limits.streams.open_for(alice.pk) == 0
 
 
 def test_answers_of_a_dead_process_become_interrupted_keeping_their_text(alice, slow_engine):
