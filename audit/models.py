@@ -50,6 +50,7 @@ class AuditRecord(models.Model):
         TWO_FACTOR_ENABLED = "two_factor_enabled", "two-factor turned on"
         TWO_FACTOR_DISABLED = "two_factor_disabled", "two-factor turned off"
         RECOVERY_CODES_REGENERATED = "recovery_codes_regenerated", "recovery codes regenerated"
+        CLAIMS_APPLIED = "claims_applied", "plan or staff set at log-in"
 
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
     actor = models.ForeignKey(

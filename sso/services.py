@@ -4,7 +4,6 @@ every log-in."""
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -22,8 +21,6 @@ from audit.models import AuditRecord
 from audit.services import audit_record, target_of
 from sso.models import LDAP_GROUP_CLAIM, ClaimMapping, Identity
 from sso.refusals import Refusal
-
-logger = logging.getLogger(__name__)
 
 USERNAME_MAX = User._meta.get_field("username").max_length or 150
 NAME_MAX = 150
@@ -79,7 +76,10 @@ def claim_mappings_apply(
             user.save(update_fields=["is_staff"])
     if changes:
         api_access_changed()  # the plan's limits and models apply to the user's API keys at once
-        logger.info("claim mappings changed %s: %s", user.get_username(), changes)
+        # The identity provider's groups decided it: the user is the actor, as for a sign-up.
+        audit_record(
+            action=AuditRecord.Action.CLAIMS_APPLIED, actor=user, target=target_of(user, user.username), changes=changes
+        )
     return changes
 
 

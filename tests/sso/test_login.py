@@ -136,6 +136,19 @@ def test_a_user_removed_from_a_group_loses_its_plan_and_staff_status_at_the_next
     assert not user.is_staff
 
 
+def test_a_plan_or_staff_change_made_by_the_groups_is_in_the_audit_trail(client, provider, mappings):
+    provider.log_in(client, **ADA)
+    client.logout()
+    provider.log_in(client, **{**ADA, "groups": []})
+    first, second = AuditRecord.objects.filter(action=AuditRecord.Action.CLAIMS_APPLIED).order_by("pk")
+    assert first.changes == {"plan": [DEFAULT_PLAN, "interns"], "is_staff": [False, True]}
+    assert second.changes == {"plan": ["interns", DEFAULT_PLAN], "is_staff": [True, False]}
+    assert first.actor_name == second.actor_name == "ada"
+    client.logout()
+    provider.log_in(client, **{**ADA, "groups": []})  # nothing changes: nothing recorded
+    assert AuditRecord.objects.filter(action=AuditRecord.Action.CLAIMS_APPLIED).count() == 2
+
+
 def test_the_first_matching_row_gives_the_plan(client, provider, interns):
     seniors = Plan.objects.create(name="seniors")
     ClaimMapping.objects.create(value="/interns", plan=interns, order=10)
