@@ -133,6 +133,7 @@ def quality() -> dict[str, int]:
     from documents import services
     from documents.models import Passage
     from documents.search import passages_search, query_terms
+    from documents.vectors import passage_embedder
     from generation.models import Conversation
     from tests.documents.corpus import DOCUMENTS, PARAPHRASES, QUESTIONS
 
@@ -141,6 +142,9 @@ def quality() -> dict[str, int]:
     plan.max_documents_per_conversation = len(DOCUMENTS)
     plan.save()
     conversation = Conversation.objects.create(user=user, model="bench")
+    embedder = passage_embedder()
+    assert embedder is not None, "the embedding model's package is not installed"
+    embedder.load()  # as a warm site's: the documents embedded as they are added, questions too
     documents = [
         services.document_add(
             user=user, conversation_id=conversation.id, name=name, kind="text", size=len(text), text=text

@@ -73,8 +73,9 @@ def document_add(*, user: User, conversation_id: uuid.UUID, name: str, kind: str
 
     The count is checked again under a lock on the owner's row, so that uploads racing
     each other cannot pass the plan's limit together. Its passages get their vectors
-    (documents.vectors) at once when they are few, else in the background once it is saved:
-    until then they are found by their words.
+    (documents.vectors) once it is saved, outside that lock: at once when they are few and
+    the embedding model is loaded, else in the background (the model's first load takes
+    seconds); until then they are found by their words.
     """
     passages = passages_of(text)
     if not passages:
@@ -89,14 +90,14 @@ def document_add(*, user: User, conversation_id: uuid.UUID, name: str, kind: str
             Passage(document=document, position=i, heading=p.heading, text=p.text) for i, p in enumerate(passages)
         )
         passage_search().index(document.pk)
-        embedder = passage_embedder()
-        if embedder is not None and len(passages) <= INLINE_PASSAGES:
-            try:
-                passages_embed(list(document.passages.values_list("pk", flat=True)), embedder)
-            except EmbeddingFailed:  # found by its words meanwhile; `manage.py embed_passages` catches up
-                logger.exception("Embedding the passages of %s failed", name)
-        elif embedder is not None:
-            transaction.on_commit(partial(document_embed_later, document.pk))
+    embedder = passage_embedder()
+    if embedder is not None and embedder.loaded and len(passages) <= INLINE_PASSAGES:
+        try:
+            passages_embed(list(document.passages.values_list("pk", flat=True)), embedder)
+        except EmbeddingFailed:  # found by its words meanwhile; `manage.py embed_passages` catches up
+            logger.exception("Embedding the passages of %s failed", name)
+    elif embedder is not None:
+        transaction.on_commit(partial(document_embed_later, document.pk))
     return document
 
 
@@ -145,8 +146,12 @@ def retrieval_for(*, user: User, conversation_id: uuid.UUID, question: str) -> R
 def passages_find(document_ids: list[int], question: str, limit: int) -> list[int]:
     """The ids of the best passages of these documents for a question, best first: the
     full-text ranking and the vector ranking, RANKED_CANDIDATES each, fused by reciprocal
-    rank (k = RRF_K). Where no embedding model is installed, the full-text ranking alone."""
+    rank (k = RRF_K). Where no embedding model is installed, the full-text ranking alone;
+    so too while it is not loaded yet (its load is begun: no question waits seconds for it)."""
     embedder = passage_embedder()
+    if embedder is not None and not embedder.loaded:
+        embedder.load_in_background()
+        embedder = None
     try:
         # The question is embedded (on the embedder's thread) while its words are searched.
         embedding = embedder.submit(embedder.token_ids([question], truncate=True)) if embedder else None

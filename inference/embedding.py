@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import logging
 import queue
 import threading
 from collections.abc import Sequence
@@ -24,6 +25,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+logger = logging.getLogger(__name__)
 
 Vectors = npt.NDArray[np.float32]
 
@@ -119,6 +122,8 @@ class Embedder:
         self._model: Any = None
         self._waiting: queue.SimpleQueue[_Batch] = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
+        self._loader: threading.Thread | None = None
+        self._loader_lock = threading.Lock()
 
     @property
     def name(self) -> str:
@@ -127,6 +132,25 @@ class Embedder:
     @property
     def dimensions(self) -> int:
         return self.spec.dimensions
+
+    @property
+    def loaded(self) -> bool:
+        return self._model is not None
+
+    def load_in_background(self) -> None:
+        """Start loading, on a thread of its own, unless loaded or loading: for callers that
+        go on without the model meanwhile (its first load takes seconds)."""
+        with self._loader_lock:
+            if self.loaded or (self._loader is not None and self._loader.is_alive()):
+                return
+            self._loader = threading.Thread(target=self._load_quietly, name=f"load-{self.spec.name}", daemon=True)
+            self._loader.start()
+
+    def _load_quietly(self) -> None:
+        try:
+            self.load()
+        except EmbeddingFailed:
+            logger.exception("Loading %s failed", self.spec.name)
 
     def load(self) -> None:
         """Load the tokenizer and the model, once; a second call returns at once."""

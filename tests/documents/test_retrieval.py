@@ -8,6 +8,7 @@ import pytest
 from documents import services
 from documents.models import Document, Passage
 from documents.search import passages_search, query_terms
+from documents.vectors import passage_embedder
 from generation.models import Conversation
 from tests.documents.corpus import DOCUMENTS, PARAPHRASES, QUESTIONS
 
@@ -32,6 +33,8 @@ def corpus(settings, alice, alice_conversation):
     plan = services.account_for(alice).plan
     plan.max_documents_per_conversation = len(DOCUMENTS)
     plan.save()
+    if embedder := passage_embedder():  # loaded, as a site's is once warm: hybrid at once
+        embedder.load()
     for name, text in DOCUMENTS.items():
         attach(alice, alice_conversation, name, text)
     return alice_conversation

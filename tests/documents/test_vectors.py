@@ -46,12 +46,41 @@ def unembedded(document: Document) -> int:
 
 @pytest.mark.django_db
 def test_a_small_documents_passages_get_their_vectors_as_it_is_added(alice, conversation):
+    vectors.passage_embedder().load()
     document = add(alice, conversation, "tides.txt", DOCUMENTS["tides.txt"])
 
     rows = PassageVector.objects.filter(passage__document=document)
     assert rows.count() == document.passages.count() > 0
     assert {row.model for row in rows} == {"all-minilm-l6-v2"}
     assert {len(bytes(row.vector)) for row in rows} == {384 * 4}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_upload_never_waits_for_the_embedding_models_first_load(alice, conversation, monkeypatch):
+    """The model's first load takes seconds: a small document is then embedded in the
+    background too, and the upload answers at once."""
+    monkeypatch.setattr(vectors.passage_embedder(), "_model", None)  # as in a process that has not loaded it
+    started: list[int] = []
+    monkeypatch.setattr(services, "document_embed_later", started.append)
+
+    document = add(alice, conversation, "tides.txt", DOCUMENTS["tides.txt"])
+
+    assert started == [document.pk]
+    assert unembedded(document) == document.passages.count() > 0
+
+
+@pytest.mark.django_db
+def test_a_question_asked_before_the_model_is_loaded_is_answered_by_its_words(alice, conversation, monkeypatch):
+    add(alice, conversation, "tides.txt", DOCUMENTS["tides.txt"])
+    embedder = vectors.passage_embedder()
+    monkeypatch.setattr(embedder, "_model", None)
+    loads: list[str] = []
+    monkeypatch.setattr(embedder, "load_in_background", lambda: loads.append("begun"))
+
+    retrieval = services.retrieval_for(user=alice, conversation_id=conversation.id, question="spring tides moon")
+
+    assert retrieval is not None and retrieval.sources[0]["document"] == "tides.txt"
+    assert loads == ["begun"]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -157,6 +186,7 @@ def test_without_an_embedding_model_documents_are_found_by_their_words(alice, co
 
 class BrokenEmbedder:
     name = "all-minilm-l6-v2"
+    loaded = True  # loaded, and failing as it runs
 
     def token_ids(self, texts, *, truncate):
         raise EmbeddingFailed("its files are damaged")

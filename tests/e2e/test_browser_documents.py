@@ -56,7 +56,7 @@ def test_an_attached_file_is_cited_under_the_answer_and_after_a_reload(page):
     page.get_by_role("button", name="Upload").click()
 
     documents = page.get_by_role("list", name="Attached documents")
-    expect(documents).to_contain_text("tides.txt", timeout=30_000)  # the embedding model's first load
+    expect(documents).to_contain_text("tides.txt", timeout=30_000)  # an upload on two busy cores
     progress = page.evaluate("window.progressSeen")
     assert progress
     assert not progress[-1]["hidden"]
@@ -95,8 +95,8 @@ def test_a_broken_file_is_refused_with_a_message_and_a_removed_one_is_gone(page)
         {"name": "bees.md", "mimeType": "text/markdown", "buffer": DOCUMENTS["honeybees.md"].encode()}
     )
     page.get_by_role("button", name="Upload").click()
-    # The site's first small upload loads the embedding model for its passages' vectors
-    # (3-9 s on 2 busy cores), inside the upload's request.
+    # The upload's request no longer loads the embedding model (3-9 s on two busy cores:
+    # documents.services.document_add); the long wait is kept for a busy machine.
     expect(page.get_by_role("list", name="Attached documents")).to_contain_text("bees.md", timeout=30_000)
     expect(page.locator("#documents [role=alert]")).to_have_count(0)
 
