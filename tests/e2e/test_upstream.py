@@ -189,6 +189,26 @@ def test_a_request_the_ledger_refuses_after_its_early_start_is_closed_at_the_ser
     assert len(text_of(chunks).split()) == 400
 
 
+def test_a_model_servers_model_left_out_of_the_callers_models_does_not_exist_for_them(upstream, live_sites):
+    """Model access (accounts.Account.allowed_models) holds for a model server's model as for
+    an in-process one: not listed, and refused exactly as a model that does not exist."""
+    with front(live_sites, upstream.endpoint()) as (site, everyone):
+        key = unlimited_api_key(site, allowed_models=["synthetic"])
+        client = openai.OpenAI(base_url=f"{site.base_url}/v1", api_key=key, max_retries=0)
+        listed = {model.id for model in client.models.list()}
+        with pytest.raises(openai.NotFoundError) as barred:
+            client.chat.completions.create(model="remote", messages=CHAT, max_tokens=5)
+        with pytest.raises(openai.NotFoundError) as unknown:
+            client.chat.completions.create(model="no-such-model", messages=CHAT, max_tokens=5)
+        answered = everyone.chat.completions.create(model="remote", messages=CHAT, max_tokens=5)
+    assert listed == {"synthetic"}
+    assert barred.value.body == {
+        **unknown.value.body,
+        "message": unknown.value.body["message"].replace("no-such-model", "remote"),
+    }
+    assert answered.model == "remote"
+
+
 def test_a_days_budget_smaller_than_the_answer_stops_it_at_the_grant(upstream, live_sites):
     """Sent before the ledger's grant, the request asks for as many tokens as the plan and
     the context allow; the grant of what is left of the day's budget stops it."""

@@ -451,7 +451,7 @@ UNLIMITED = {
 }
 
 
-def unlimited_api_key(site: LiveSite, **limits: int) -> str:
+def unlimited_api_key(site: LiveSite, **limits: object) -> str:
     """An API key of a new user on `site` whose plan lets any load through (tests, benches),
     but for the `limits` given (Account fields: tokens_per_day=100, say)."""
     STARTED["manage.py shell"] += 1
