@@ -8,7 +8,7 @@ TORCH_INDEX ?=
 # Every package comes from a lock (`make lock`) and must match one of its hashes.
 PIP_INSTALL := $(PY) -m pip install --require-hashes $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 
-.PHONY: run ldap test test-fast lint audit lock openapi bench bench-concurrency clean
+.PHONY: run ldap test test-fast lint audit lock openapi bench bench-concurrency image-test clean
 
 # Installs are stamped so repeated runs skip them until a lock changes.
 $(VENV)/.installed: requirements.lock requirements-models.lock
@@ -79,7 +79,7 @@ lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy accounts api chatsite documents generation infrastructure inference audit sso backups twofactor \
-	  ldap_login
+	  ldap_login tools guardrails
 	$(VENV)/bin/lint-imports
 
 # Known vulnerabilities in every locked package (PyPI's advisory database). Tried three
@@ -114,6 +114,10 @@ lock: $(VENV)/.installed-dev
 	$(PY) scripts/lock_extras.py torch requirements.lock requirements-dev.lock bench/requirements.lock
 	# The CUDA image: PyPI's torch and the nvidia-* packages it needs; no local index or wheel.
 	PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= $(PIP_COMPILE) -o requirements-cuda.lock requirements-cuda.txt
+	# Pins whose marker this Python does not meet (async-timeout below 3.11.3): pip-compile
+	# leaves them out, so that a lock made here would not install on an older 3.11.
+	$(PY) scripts/lock_extras.py markers requirements.txt requirements.lock requirements-dev.lock \
+	  bench/requirements.lock requirements-cuda.lock
 	$(PY) scripts/lock_extras.py nodeps requirements-models.txt requirements-models.lock
 
 # The API's OpenAPI document, kept as docs/openapi.json; refused where its paths or schemas
@@ -131,6 +135,7 @@ bench: $(VENV)/.installed-dev
 	$(PY) -m bench.fanout
 	$(PY) -m bench.door
 	$(PY) -m bench.upstream_cost
+	$(PY) -m bench.guardrails
 
 # Concurrent API streams: chatsite's two schedulers and `transformers serve
 # --continuous-batching` (installed once into .cache/peer-venv), each in the default dtype
@@ -145,6 +150,12 @@ bench-concurrency: $(VENV)/.installed-bench
 	$(PY) -m bench.peer --dtype bfloat16
 	$(PY) -m bench.concurrency --scheduler sequential --levels 1,4,8
 	$(PY) -m bench.plot
+
+# Builds the CPU image and tries it: ready time, an API stream, the HEALTHCHECK, a draining
+# `docker stop`, a second start without conversion, the size (docs/deployment.md: The image,
+# tried). Skips where no Docker engine runs. A few minutes, the build the most of them.
+image-test:
+	scripts/image_test.sh
 
 clean:
 	rm -rf $(VENV) staticfiles .pytest_cache .mypy_cache .ruff_cache

@@ -15,17 +15,32 @@ from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
 from django.db import models
 from django.db.models import F, Max, QuerySet, Sum
+from django.db.models.functions import TruncDate
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 
+from accounts.budgets import budget_zone
 from accounts.forms import ModelNamesField
 from accounts.key_cache import api_access_changed
-from accounts.models import KEY_LIMIT_FIELDS, Account, ApiKey, Plan, Price, UsageDay, UsageRecord
+from accounts.models import (
+    KEY_LIMIT_FIELDS,
+    Account,
+    ApiKey,
+    Budget,
+    BudgetAlert,
+    Plan,
+    Price,
+    Team,
+    UsageDay,
+    UsageRecord,
+    charged_tokens_sum,
+)
+from accounts.periods import MONTH, window_of
 from accounts.prices import cost_shown, cost_text
-from accounts.services import api_key_revoke, usage_recount
-from accounts.usage_chart import usage_chart
+from accounts.services import api_key_revoke, team_spend, usage_recount
+from accounts.usage_chart import spend_charts, usage_chart
 from audit.admin import AuditedAdmin
 from audit.models import AuditRecord
 from audit.services import audit_record, target_of
@@ -59,6 +74,14 @@ class ChangesApiAccess(AuditedAdmin):
         api_access_changed()
 
 
+class BudgetInline(admin.TabularInline):
+    """A team's budgets (those of plans, accounts and keys are made in the budgets admin)."""
+
+    model = Budget
+    fields = ["period", "unit", "amount", "currency", "soft_limit_percent"]
+    extra = 0
+
+
 @admin.register(Plan)
 class PlanAdmin(ChangesApiAccess):
     list_display = ["name", *LIMIT_FIELDS, "priority", *DOCUMENT_LIMIT_FIELDS, "max_conversations"]
@@ -66,11 +89,63 @@ class PlanAdmin(ChangesApiAccess):
     search_fields = ["name"]
 
 
+@admin.register(Team)
+class TeamAdmin(ChangesApiAccess):
+    """Teams: members join on their user's page (plan and limits); a key becomes the team's
+    (a service account's) on its own page under API keys."""
+
+    list_display = ["name", "requests_per_minute", "max_concurrent_streams", "member_count", "month_usage"]
+    fields = ["name", "requests_per_minute", "max_concurrent_streams", "members"]
+    readonly_fields = ["members"]
+    search_fields = ["name"]
+    inlines = [BudgetInline]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Team]:
+        return super().get_queryset(request).annotate(member_total=models.Count("members"))
+
+    @admin.display(description="members", ordering="member_total")
+    def member_count(self, team: Team) -> int:
+        return int(getattr(team, "member_total", 0))
+
+    @admin.display(description="members")
+    def members(self, team: Team) -> str:
+        return ", ".join(team.members.order_by("user__username").values_list("user__username", flat=True)) or "—"
+
+    @admin.display(description="this month")
+    def month_usage(self, team: Team) -> str:
+        start = window_of(MONTH, timezone.now(), budget_zone()).start
+        tokens, spend = team_spend(team=team, start=start)
+        costs = ", ".join(f"{cost_shown(amount)} {currency}" for currency, amount in sorted(spend.items()))
+        return f"{tokens:,} tokens" + (f"; {costs}" if costs else "")
+
+
+@admin.register(Budget)
+class BudgetAdmin(AuditedAdmin):
+    list_display = ["__str__", "period", "unit", "amount", "currency", "soft_limit_percent"]
+    list_filter = ["period", "unit", "currency"]
+    raw_id_fields = ["account", "api_key"]
+    fields = ["plan", "account", "api_key", "team", "period", "unit", "amount", "currency", "soft_limit_percent"]
+
+
+@admin.register(BudgetAlert)
+class BudgetAlertAdmin(admin.ModelAdmin):
+    list_display = ["created_at", "kind", "text", "delivered_at"]
+    list_filter = ["kind", ("delivered_at", admin.EmptyFieldListFilter)]
+    date_hierarchy = "created_at"
+
+    # Written by admissions only; sent once (accounts.alerts).
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 class AccountInline(admin.StackedInline):
     model = Account
     can_delete = False
     max_num = 1
-    fields = ["plan", *LIMIT_FIELDS, "allowed_models"]
+    fields = ["plan", *LIMIT_FIELDS, "allowed_models", "team"]
     formfield_overrides = ChangesApiAccess.formfield_overrides
     verbose_name = "plan and limits"
     verbose_name_plural = "plan and limits"
@@ -129,6 +204,7 @@ class ApiKeyAdmin(ChangesApiAccess):
     fields = [
         "name",
         "user",
+        "team",
         "shown_prefix",
         "expires_at",
         *KEY_LIMIT_FIELDS,
@@ -175,6 +251,8 @@ CSV_FIELDS = [
     "cost_currency",
 ]
 
+SPEND_CSV_FIELDS = ["day", "user", "team", "api_key", "model", "requests", "tokens", "spend", "currency"]
+
 
 @admin.register(Price)
 class PriceAdmin(AuditedAdmin):
@@ -208,6 +286,7 @@ class UsageRecordAdmin(admin.ModelAdmin):
         "prompt_tokens",
         "completion_tokens",
         "cache",
+        "tool_calls",
         "ttft_ms",
         "duration_ms",
         "shown_cost",
@@ -224,7 +303,7 @@ class UsageRecordAdmin(admin.ModelAdmin):
     search_fields = ["user__username", "stream_id", "model"]
     list_select_related = ["user", "api_key"]
     change_list_template = "admin/accounts/usagerecord/change_list.html"
-    actions = ["export_csv"]
+    actions = ["export_csv", "export_spend_csv"]
 
     # The ledger is written by generations only; admins read it.
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -274,13 +353,50 @@ class UsageRecordAdmin(admin.ModelAdmin):
         audit_record(action=AuditRecord.Action.EXPORT, target=f"accounts.usagerecord, {count} records", request=request)
         return response
 
+    @admin.action(description="Export spend per day, user, team, key and model as CSV")
+    def export_spend_csv(self, request: HttpRequest, queryset: QuerySet[UsageRecord]) -> HttpResponse:
+        """The selected records summed per day (in CHAT_BUDGET_TIME_ZONE), user, team, key,
+        model and currency: requests, charged tokens and spend, exactly."""
+        response = HttpResponse(content_type="text/csv; charset=utf-8")
+        response["Content-Disposition"] = f'attachment; filename="spend-{timezone.now():%Y%m%d-%H%M%S}.csv"'
+        writer = csv.writer(response)
+        writer.writerow(SPEND_CSV_FIELDS)
+        rows = (
+            queryset.annotate(day=TruncDate("created_at", tzinfo=budget_zone()))
+            .values("day", "user__username", "team__name", "api_key__prefix", "model", "cost_currency")
+            .annotate(request_count=models.Count("pk"), tokens=charged_tokens_sum(), spent=Sum("cost"))
+            .order_by("day", "user__username", "team__name", "api_key__prefix", "model", "cost_currency")
+        )
+        for row in rows:
+            spent = row["spent"]
+            writer.writerow(
+                csv_cell(value)
+                for value in [
+                    row["day"].isoformat(),
+                    row["user__username"],
+                    row["team__name"] or "",
+                    row["api_key__prefix"] or "",
+                    row["model"],
+                    row["request_count"],
+                    row["tokens"] or 0,
+                    "" if spent is None else cost_text(spent),
+                    row["cost_currency"],
+                ]
+            )
+        count = queryset.count()
+        audit_record(
+            action=AuditRecord.Action.EXPORT, target=f"accounts.usagerecord spend, {count} records", request=request
+        )
+        return response
+
     @admin.display(description="cost", ordering="cost")
     def shown_cost(self, record: UsageRecord) -> str:
         return "" if record.cost is None else f"{cost_shown(record.cost)} {record.cost_currency}"
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        """The ledger, under a chart of the last 30 days' tokens per day per plan."""
-        return super().changelist_view(request, {"usage_chart": usage_chart(), **(extra_context or {})})
+        """The ledger, under charts of the last 30 days' tokens and spend per day per plan."""
+        charts = {"usage_chart": usage_chart(), "spend_charts": spend_charts()}
+        return super().changelist_view(request, {**charts, **(extra_context or {})})
 
     def get_urls(self) -> list[URLPattern]:
         daily = path(

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from django import forms
@@ -8,7 +9,8 @@ from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator
 
-from accounts.models import KEY_LIMIT_FIELDS, ApiKey, Limits
+from accounts.budgets import PERIOD_ADJECTIVES, key_budget_cap
+from accounts.models import KEY_LIMIT_FIELDS, Account, ApiKey, Budget, Limits
 
 
 class ApiKeyCreateForm(forms.Form):
@@ -45,6 +47,51 @@ class ApiKeyCreateForm(forms.Form):
                 field.validators.append(MaxValueValidator(most, message=f"Your plan allows at most {most}."))
                 field.widget.attrs["max"] = most
             field.help_text = "Blank: your plan's."
+
+
+class KeyBudgetForm(forms.Form):
+    """A key's budget of its own, within its owner's (key_budget_cap); no amount: none."""
+
+    period = forms.ChoiceField(label="Period", choices=Budget.Period.choices, initial=Budget.Period.MONTH)
+    unit = forms.ChoiceField(label="In", choices=Budget.Unit.choices, initial=Budget.Unit.MONEY)
+    amount = forms.DecimalField(
+        label="Amount",
+        required=False,
+        min_value=Decimal(0),
+        max_digits=Budget._meta.get_field("amount").max_digits,  # type: ignore[union-attr]
+        decimal_places=Budget._meta.get_field("amount").decimal_places,  # type: ignore[union-attr]
+        help_text="Tokens, or money in the currency (0: the key may spend nothing). Blank: no budget of its own.",
+    )
+    currency = forms.RegexField(
+        label="Currency",
+        regex=r"^[A-Z]{3}$",
+        initial="USD",
+        required=False,
+        error_messages={"invalid": "A three-letter code in capitals, such as USD."},
+    )
+
+    def __init__(self, *args: Any, account: Account, **kwargs: Any) -> None:
+        kwargs.setdefault("label_suffix", "")
+        super().__init__(*args, **kwargs)
+        self.account = account
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        amount, unit, period = data.get("amount"), data.get("unit"), data.get("period")
+        if amount is None or unit is None or period is None:
+            return data
+        money = unit == Budget.Unit.MONEY
+        currency = data.get("currency") or "USD"
+        data["currency"] = currency
+        if not money and amount != amount.to_integral():
+            self.add_error("amount", "A budget in tokens is a whole number.")
+            return data
+        cap = key_budget_cap(account=self.account, period=period, unit=unit, currency=currency)
+        if cap is not None and amount > cap:
+            most = f"{cap:f}".rstrip("0").rstrip(".") if money else f"{int(cap)}"
+            what = f"{most} {currency}" if money else f"{most} tokens"
+            self.add_error("amount", f"Your plan allows at most {what} in a {PERIOD_ADJECTIVES[period]} budget.")
+        return data
 
 
 class LoginForm(AuthenticationForm):

@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
-from django.db.models import Case, F, Sum, When
+from django.db.models import Case, F, Q, Sum, When
 from django.utils import timezone
 
 from inference.streams import GenerationStatus as CoreStatus
@@ -74,6 +75,26 @@ class Plan(models.Model):
         return self.name
 
 
+class Team(models.Model):
+    """Users who share limits and budgets (Budget.team): an admin makes it; a user belongs
+    to one at most (Account.team). Keys may belong to it too (ApiKey.team, a service account)."""
+
+    name = models.CharField(max_length=100, unique=True)
+    requests_per_minute = models.PositiveIntegerField(
+        null=True, blank=True, help_text="All its members and keys together. Blank: no limit of the team's."
+    )
+    max_concurrent_streams = models.PositiveIntegerField(
+        null=True, blank=True, help_text="All its members and keys together. Blank: no limit of the team's."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
 @dataclass(frozen=True)
 class Limits:
     requests_per_minute: int
@@ -109,6 +130,14 @@ class Account(models.Model):
 
     allowed_models = models.JSONField(
         default=list, blank=True, help_text="The models this user may use, in place of the plan's. Blank: the plan's."
+    )
+    team = models.ForeignKey(
+        Team,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="members",
+        help_text="Its limits and budgets cap all its members together, on top of each one's own.",
     )
 
     def __str__(self) -> str:
@@ -165,6 +194,16 @@ class ApiKey(models.Model):
     # that does not exist.
     allowed_models = models.JSONField(
         default=list, blank=True, help_text="Of the owner's models, those this key may use, one per line. Blank: all."
+    )
+    # A service account's key: its requests count against the team's limits and budgets
+    # (as well as its maker's), whoever of the team made it.
+    team = models.ForeignKey(
+        Team,
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="api_keys",
+        help_text="The team whose service account this key is. Blank: its owner's own key.",
     )
 
     class Meta:
@@ -299,6 +338,8 @@ class UsageRecord(models.Model):
     # The response cache's verdict on a deterministic request: "hit" (the answer came from
     # the cache: no completion tokens counted) or "miss"; blank where the cache did not apply.
     cache = models.CharField(max_length=4, choices=CacheOutcome.choices, blank=True)
+    # Tool calls the answer made (tools/: each run, failed or denied ones too), set as it settles.
+    tool_calls = models.PositiveIntegerField(default=0)
     ttft_ms = models.PositiveIntegerField(null=True, blank=True)
     duration_ms = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
@@ -306,10 +347,23 @@ class UsageRecord(models.Model):
     # settles; null while it streams and where the model had no price.
     cost = models.DecimalField(max_digits=COST_DIGITS, decimal_places=COST_PLACES, null=True, blank=True)
     cost_currency = models.CharField(max_length=3, blank=True)
+    # What money budgets hold for it while it streams: its prompt and reserved tokens at the
+    # price of its admission (charged_cost_sum); its cost replaces it once settled.
+    reserved_cost = models.DecimalField(
+        max_digits=COST_DIGITS, decimal_places=COST_PLACES, null=True, blank=True, editable=False
+    )
+    # The team it counts against (its key's, else its user's then): kept on the record, so
+    # that a member who leaves takes none of the team's history along.
+    team = models.ForeignKey(Team, on_delete=models.SET_NULL, null=True, blank=True, related_name="usage")
 
     class Meta:
         ordering = ["-created_at"]
-        indexes = [models.Index(fields=["user", "created_at"]), models.Index(fields=["user", "status"])]
+        indexes = [
+            models.Index(fields=["user", "created_at"]),
+            models.Index(fields=["user", "status"]),
+            models.Index(fields=["team", "created_at"]),
+            models.Index(fields=["api_key", "created_at"]),
+        ]
 
     def __str__(self) -> str:
         return f"{self.user} {self.channel} {self.model} {self.created_at:%Y-%m-%d %H:%M}"
@@ -335,6 +389,135 @@ def charged_tokens_sum() -> Sum:
             default=F("prompt_tokens") + F("completion_tokens"),
         )
     )
+
+
+def charged_cost_sum() -> Sum:
+    """The sum of what the records take from money budgets: the reservation of those that
+    stream, the cost of the settled (records without a price count for nothing)."""
+    return Sum(
+        Case(When(status=GenerationStatus.STREAMING, then=F("reserved_cost")), default=F("cost")),
+        output_field=models.DecimalField(max_digits=COST_DIGITS, decimal_places=COST_PLACES),
+    )
+
+
+class Budget(models.Model):
+    """At most `amount` tokens or money per period for one subject: a plan (each of its
+    users alone), an account, a key or a team (its members and keys together).
+
+    Every budget that applies to a request holds (accounts.budgets): admission refuses
+    what would pass one. Calendar periods begin at midnight in CHAT_BUDGET_TIME_ZONE.
+    """
+
+    class Period(models.TextChoices):
+        DAY = "day"
+        WEEK = "week", "week (from Monday)"
+        MONTH = "month"
+        ROLLING_30_DAYS = "rolling_30d", "rolling 30 days"
+
+    class Unit(models.TextChoices):
+        TOKENS = "tokens"
+        MONEY = "money"
+
+    plan = models.ForeignKey(Plan, on_delete=models.CASCADE, null=True, blank=True, related_name="budgets")
+    account = models.ForeignKey(Account, on_delete=models.CASCADE, null=True, blank=True, related_name="budgets")
+    api_key = models.ForeignKey(ApiKey, on_delete=models.CASCADE, null=True, blank=True, related_name="budgets")
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, null=True, blank=True, related_name="budgets")
+    period = models.CharField(max_length=12, choices=Period.choices)
+    unit = models.CharField(max_length=6, choices=Unit.choices)
+    amount = models.DecimalField(
+        max_digits=COST_DIGITS,
+        decimal_places=COST_PLACES,
+        validators=[MinValueValidator(Decimal(0))],
+        help_text="Tokens (a whole number), or money in the currency below.",
+    )
+    currency = models.CharField(
+        max_length=3,
+        default="USD",
+        validators=[RegexValidator(r"^[A-Z]{3}$", "A three-letter code in capitals, such as USD.")],
+        help_text="For a budget in money: only the costs in this currency count.",
+    )
+    soft_limit_percent = models.PositiveSmallIntegerField(
+        null=True,
+        blank=True,
+        default=80,
+        validators=[MinValueValidator(1), MaxValueValidator(100)],
+        help_text="One alert a period once this share is used. Blank: none (spent still alerts).",
+    )
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=(
+                    Q(plan__isnull=False, account__isnull=True, api_key__isnull=True, team__isnull=True)
+                    | Q(plan__isnull=True, account__isnull=False, api_key__isnull=True, team__isnull=True)
+                    | Q(plan__isnull=True, account__isnull=True, api_key__isnull=False, team__isnull=True)
+                    | Q(plan__isnull=True, account__isnull=True, api_key__isnull=True, team__isnull=False)
+                ),
+                name="budget_one_subject",
+                violation_error_message="A budget is for exactly one of a plan, an account, a key or a team.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.subject_kind} {self.subject_object}: {self.amount_shown}"
+
+    @property
+    def amount_shown(self) -> str:
+        """The amount, its unit and period, for people: "5 USD per month"."""
+        amount = f"{self.amount:f}".rstrip("0").rstrip(".") if "." in f"{self.amount:f}" else f"{self.amount:f}"
+        unit = "tokens" if self.unit == self.Unit.TOKENS else self.currency
+        period = self.get_period_display()
+        return f"{amount or '0'} {unit} per {period[:1].lower()}{period[1:]}"
+
+    @property
+    def subject_kind(self) -> str:
+        """What the budget is for: "plan", "account", "key" or "team"."""
+        for kind, field in (("plan", "plan_id"), ("account", "account_id"), ("key", "api_key_id")):
+            if getattr(self, field) is not None:
+                return kind
+        return "team"
+
+    @property
+    def subject_object(self) -> object:
+        return self.plan or self.account or self.api_key or self.team
+
+    def clean(self) -> None:
+        subjects = [self.plan_id, self.account_id, self.api_key_id, self.team_id]
+        if sum(subject is not None for subject in subjects) != 1:
+            raise ValidationError("Choose exactly one of a plan, an account, a key or a team.")
+        if self.unit == self.Unit.TOKENS and self.amount is not None and self.amount != self.amount.to_integral():
+            raise ValidationError({"amount": "A budget in tokens is a whole number."})
+
+
+class BudgetAlert(models.Model):
+    """An alert sent (or being sent) for a budget: one per budget, subject, period and kind,
+    which the unique constraint guarantees under any concurrency (accounts.alerts)."""
+
+    class Kind(models.TextChoices):
+        SOFT_LIMIT = "soft_limit", "soft limit reached"
+        EXHAUSTED = "exhausted", "spent"
+
+    budget = models.ForeignKey(Budget, on_delete=models.CASCADE, related_name="alerts")
+    # Whose use crossed it: "user:<id>" for a plan's or account's budget, "key:<id>", "team:<id>".
+    subject = models.CharField(max_length=40)
+    period_start = models.DateTimeField()
+    kind = models.CharField(max_length=12, choices=Kind.choices)
+    used = models.DecimalField(max_digits=COST_DIGITS, decimal_places=COST_PLACES)
+    text = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    # When a round of attempts last began: a round that ended undelivered, or died with its
+    # process, is begun again by accounts.alerts.alert_resend after ALERT_RESEND_AFTER.
+    attempted_at = models.DateTimeField(null=True, blank=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["budget", "subject", "period_start", "kind"], name="budget_alert_once"),
+        ]
+
+    def __str__(self) -> str:
+        return self.text
 
 
 class UsageDay(models.Model):

@@ -5,8 +5,11 @@ from __future__ import annotations
 import datetime as dt
 import math
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from decimal import Decimal
+from functools import wraps
+from typing import ParamSpec, TypeVar
 
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser, User
@@ -17,6 +20,8 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from accounts import key_cache
+from accounts.alerts import alert_record, alerts_for
+from accounts.budgets import BudgetSpent, BudgetStanding, budget_admit, budget_standings, team_of
 from accounts.group_commit import GroupCommit
 from accounts.models import (
     DEFAULT_PLAN,
@@ -24,9 +29,12 @@ from accounts.models import (
     GUEST_PLAN_LIMITS,
     Account,
     ApiKey,
+    Budget,
+    BudgetAlert,
     CacheOutcome,
     Limits,
     Plan,
+    Team,
     UsageDay,
     UsageRecord,
     charged_tokens_sum,
@@ -38,16 +46,29 @@ from audit.models import AuditRecord
 from audit.services import audit_record, target_of
 from infrastructure.metrics import observe_spend
 
+P = ParamSpec("P")
+T = TypeVar("T")
+
 
 class QuotaExceeded(Exception):
-    """A limit refuses the request; `code` is the OpenAI-style error code."""
+    """A limit refuses the request; `code` is the OpenAI-style error code. `spent`: the
+    budget that refused it (accounts.budgets), which earns its period an alert."""
 
-    def __init__(self, code: str, message: str, retry_after: int, *, param: str | None = None) -> None:
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        retry_after: int,
+        *,
+        param: str | None = None,
+        spent: BudgetStanding | None = None,
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.retry_after = retry_after
         self.param = param
+        self.spent = spent
 
 
 class InvalidRequest(ValueError):
@@ -148,6 +169,34 @@ def quota_for(user: User, *, limits: Limits | None = None, api_key: ApiKey | Non
     return quota.tighter(key_quota)
 
 
+def quota_reported(user: User, *, api_key: ApiKey | None = None) -> Quota:
+    """What the x-ratelimit headers report: quota_for's, its tokens those of a budget in
+    tokens where that has less left (within_budgets). The day's own figures (the chat's
+    meter, /v1/usage's `tokens`) stay quota_for's."""
+    now = timezone.now()
+    standings = budget_standings(account=account_for(user), api_key=api_key, now=now)
+    return within_budgets(quota_for(user, api_key=api_key), standings, now)
+
+
+def within_budgets(quota: Quota, standings: list[BudgetStanding], now: dt.datetime) -> Quota:
+    """`quota` with its tokens those of the budget in tokens with the least left, where that
+    is less than the quota's own: what the x-ratelimit-*-tokens headers report. (A budget
+    in money has no count of tokens: /v1/usage reports it.)"""
+    for standing in standings:
+        if standing.budget.unit != Budget.Unit.TOKENS:
+            continue
+        resets_at = standing.window.resets_at or now
+        as_quota = replace(
+            quota,
+            limits=replace(quota.limits, tokens_per_day=int(standing.budget.amount)),
+            tokens_used_today=int(standing.used),
+            tokens_reset_s=max(0, math.ceil((resets_at - now).total_seconds())),
+        )
+        if as_quota.tokens_remaining < quota.tokens_remaining:
+            quota = as_quota
+    return quota
+
+
 def key_limits_within(api_key: ApiKey, limits: Limits) -> Limits:
     """The key's limits: its own where it has one, each capped by its owner's."""
 
@@ -196,7 +245,25 @@ def usage_request_count(
             f"Rate limit reached: {limit} requests per minute.",
             retry_after=max(1, math.ceil(window.free_in_s)),
         )
+    _team_request_count(user, api_key)
     return window.count
+
+
+def _team_request_count(user: User, api_key: ApiKey | None) -> None:
+    """Count a request against its team's per-minute limit, if it has one (after its user's)."""
+    team_id = team_of(account_for(user), api_key)
+    if team_id is None:
+        return
+    limit = Team.objects.filter(pk=team_id).values_list("requests_per_minute", flat=True).first()
+    if limit is None:
+        return
+    window = request_log().admit(f"ratelimit:team:{team_id}", limit=limit, now=timezone.now().timestamp())
+    if not window.admitted:
+        raise QuotaExceeded(
+            "rate_limit_exceeded",
+            f"Rate limit reached: your team's {limit} requests per minute.",
+            retry_after=max(1, math.ceil(window.free_in_s)),
+        )
 
 
 def signup_admit(*, address: str | None) -> None:
@@ -308,6 +375,24 @@ def conversation_admit(*, user: User, kept: int) -> None:
 admissions: GroupCommit[tuple[UsageRecord, int, Quota]] = GroupCommit()
 
 
+def _alerting_spent(admit: Callable[P, T]) -> Callable[P, T]:
+    """`admit`, recording the alert a budget earns when it refuses a request: outside the
+    admission's savepoint, which the refusal undoes."""
+
+    @wraps(admit)
+    def call(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return admit(*args, **kwargs)
+        except QuotaExceeded as refusal:
+            if refusal.spent is not None:
+                with transaction.atomic():
+                    alert_record(standing=refusal.spent, kind=BudgetAlert.Kind.EXHAUSTED)
+            raise
+
+    return call
+
+
+@_alerting_spent
 @admissions.grouped
 def usage_admit(
     *,
@@ -329,8 +414,10 @@ def usage_admit(
     share capped by what is left of the budget); usage_finish settles them to the real
     figures. `cache` is the response cache's verdict ("hit", "miss", or "" where it does
     not apply). Returns the usage record, the max_tokens granted and the quota after
-    admission. Raises QuotaExceeded (too_many_concurrent_streams, or insufficient_quota
-    when the prompt and one token of answer don't fit in what is left today).
+    admission, as the x-ratelimit headers report it (quota_reported). Raises QuotaExceeded
+    (too_many_concurrent_streams, or insufficient_quota when the prompt and one token of
+    answer don't fit in what is left today, or in a budget that applies: accounts.budgets,
+    whose soft limits crossed here earn alerts).
 
     Admissions arriving together are written in one transaction (accounts.group_commit):
     this body runs in a transaction that the group holds.
@@ -348,7 +435,7 @@ def usage_admit(
         _ledger_sharers(user, limits, today)
         .select_for_update()
         .order_by("pk")
-        .only("user", "ledger_day", "ledger_day_tokens")
+        .only("user", "plan", "team", "ledger_day", "ledger_day_tokens")
     )
     account = next(each for each in sharing if each.user_id == user.pk)
     running = UsageRecord.objects.filter(
@@ -374,18 +461,38 @@ def usage_admit(
     key_quota = None
     if api_key is not None and api_key.has_limits:  # the account's lock serialises its keys too
         key_quota, granted = _key_admit(api_key, limits, requests, prompt_tokens, granted, now)
+    team_id = team_of(account, api_key)
+    if team_id is not None:
+        _team_admit(team_id)
+    try:
+        budgets = budget_admit(
+            account=account,
+            api_key=api_key,
+            team_id=team_id,
+            model=model,
+            prompt_tokens=prompt_tokens,
+            granted=granted,
+            now=now,
+        )
+    except BudgetSpent as spent:
+        raise QuotaExceeded("insufficient_quota", spent.message, spent.retry_after, spent=spent.standing) from None
+    granted = budgets.granted
     record = UsageRecord.objects.create(
         user=user,
         api_key=api_key,
+        team_id=team_id,
         channel=channel,
         model=model,
         stream_id=stream_id,
         producer=producer,
         prompt_tokens=prompt_tokens,
         reserved_tokens=granted,
+        reserved_cost=budgets.reserved_cost,
+        cost_currency=budgets.cost_currency,
         cache=cache,
         created_at=now,
     )
+    alerts_for(budgets.standings)
     used += record.charged_tokens
     Account.objects.filter(pk=account.pk).update(ledger_day=today, ledger_day_tokens=own + record.charged_tokens)
     quota = Quota(
@@ -397,7 +504,22 @@ def usage_admit(
     )
     if key_quota is not None:
         key_quota = replace(key_quota, tokens_used_today=key_quota.tokens_used_today + record.charged_tokens)
-    return record, granted, quota.tighter(key_quota)
+    return record, granted, within_budgets(quota.tighter(key_quota), budgets.standings, now)
+
+
+def _team_admit(team_id: int) -> None:
+    """Lock the team's row, after the account's (always in this order): its members' and
+    keys' admissions take turns through it, for its streams and its budgets alike."""
+    team = Team.objects.select_for_update().only("max_concurrent_streams").get(pk=team_id)
+    if team.max_concurrent_streams is None:
+        return
+    running = UsageRecord.objects.filter(team_id=team_id, status=UsageRecord.Status.STREAMING).count()
+    if running >= team.max_concurrent_streams:
+        raise QuotaExceeded(
+            "too_many_concurrent_streams",
+            f"At most {team.max_concurrent_streams} answers can stream at once in your team.",
+            retry_after=1,
+        )
 
 
 def _key_admit(
@@ -444,8 +566,10 @@ def usage_finish(
     ttft_ms: int | None,
     duration_ms: int,
     usage_estimated: bool = False,
+    tool_calls: int = 0,
 ) -> None:
-    """Settle a generation's record to its real figures; the day's total follows.
+    """Settle a generation's record to its real figures (its tool calls among them); the
+    day's total follows.
 
     May run twice (a write retried on a new connection): the second run changes nothing.
     """
@@ -459,6 +583,7 @@ def usage_finish(
         reserved_tokens=0,
         ttft_ms=ttft_ms,
         duration_ms=duration_ms,
+        tool_calls=tool_calls,
     )
 
 
@@ -546,6 +671,31 @@ def usage_spend_today(*, user: User, now: dt.datetime | None = None) -> dict[str
     """The user's spend on today's (UTC) settled records, by currency."""
     midnight = dt.datetime.combine(_ledger_date(now or timezone.now()), dt.time(), tzinfo=dt.UTC)
     return spend_of(UsageRecord.objects.filter(user=user, created_at__gte=midnight))
+
+
+@dataclass(frozen=True)
+class BudgetReport:
+    """The budgets that apply to a caller, as /v1/usage shows them."""
+
+    team: str | None
+    budgets: list[dict[str, object]]
+
+
+def usage_budgets(*, account: Account, api_key: ApiKey | None = None, now: dt.datetime | None = None) -> BudgetReport:
+    """Where every budget that applies to the account's requests through `api_key` stands,
+    the one with the least share left first; and the team they count against."""
+    standings = budget_standings(account=account, api_key=api_key, now=now or timezone.now())
+    standings.sort(key=lambda each: each.remaining / each.budget.amount if each.budget.amount else Decimal(0))
+    team_id = team_of(account, api_key)
+    team = None if team_id is None else Team.objects.filter(pk=team_id).values_list("name", flat=True).first()
+    return BudgetReport(team, [standing.report() for standing in standings])
+
+
+def team_spend(*, team: Team, start: dt.datetime) -> tuple[int, dict[str, Decimal]]:
+    """A team's charged tokens and spend (by currency) since `start`: its members' and keys'."""
+    records = UsageRecord.objects.filter(team=team, created_at__gte=start)
+    tokens = records.aggregate(tokens=charged_tokens_sum())["tokens"] or 0
+    return int(tokens), spend_of(records)
 
 
 def _record_locked(stream_id: str) -> UsageRecord | None:
@@ -668,6 +818,20 @@ def api_key_revoke(*, key: ApiKey, request: HttpRequest | None = None) -> None:
     key_cache.api_access_changed()
     if was_active:
         audit_record(action=AuditRecord.Action.KEY_REVOKED, target=api_key_target(key), request=request)
+
+
+def api_key_budget_set(
+    *, key: ApiKey, period: str = "", unit: str = "", amount: Decimal | None, currency: str = "USD"
+) -> Budget | None:
+    """Give the key its one budget of its own, in place of any it had; `amount` None: none.
+
+    The caller checked it against its owner's (accounts.forms.KeyBudgetForm, key_budget_cap).
+    """
+    with transaction.atomic():
+        Budget.objects.filter(api_key=key).delete()
+        if amount is None:
+            return None
+        return Budget.objects.create(api_key=key, period=period, unit=unit, amount=amount, currency=currency)
 
 
 def api_key_target(key: ApiKey) -> str:

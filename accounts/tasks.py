@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
+from accounts.alerts import alert_resend
 from accounts.services import guest_purge, usage_rollup
 
 
@@ -17,3 +18,9 @@ def usage_rollup_task() -> int:
 def guest_purge_task() -> int:
     """Delete the guests idle for CHAT_GUEST_TTL_DAYS; how many went."""
     return guest_purge()
+
+
+@shared_task(name="accounts.alert_resend", ignore_result=True)
+def alert_resend_task() -> int:
+    """Send again the budget alerts left undelivered; how many."""
+    return alert_resend()

@@ -37,4 +37,5 @@ urlpatterns = [
     path("email/", views.email, name="email"),
     path("keys/", views.keys, name="keys"),
     path("keys/<int:key_id>/revoke/", views.key_revoke, name="key_revoke"),
+    path("keys/<int:key_id>/budget/", views.key_budget, name="key_budget"),
 ]

@@ -23,11 +23,12 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from accounts.client_address import client_ip
 from accounts.decorators import guests_enabled, members_only
-from accounts.forms import ApiKeyCreateForm, EmailForm, LoginForm, SignupForm
+from accounts.forms import ApiKeyCreateForm, EmailForm, KeyBudgetForm, LoginForm, SignupForm
 from accounts.models import KEY_LIMIT_FIELDS, ApiKey
 from accounts.services import (
     QuotaExceeded,
     account_for,
+    api_key_budget_set,
     api_key_create,
     api_key_revoke,
     guest_convert,
@@ -241,6 +242,24 @@ def key_revoke(request: AuthenticatedHttpRequest, key_id: int) -> HttpResponse:
     return redirect("accounts:keys")
 
 
+@login_required
+@members_only
+@require_http_methods(["GET", "POST"])
+def key_budget(request: AuthenticatedHttpRequest, key_id: int) -> HttpResponse:
+    """The key's budget of its own, within its owner's; a blank amount removes it."""
+    key = get_object_or_404(ApiKey, pk=key_id, user=request.user, revoked_at__isnull=True)
+    current = key.budgets.first()
+    initial = {} if current is None else {f: getattr(current, f) for f in ("period", "unit", "amount", "currency")}
+    form = KeyBudgetForm(request.POST or None, initial=initial, account=account_for(request.user))
+    if request.method == "POST" and form.is_valid():
+        saved = api_key_budget_set(key=key, **form.cleaned_data)
+        done = "Saved the budget" if saved else "Removed the budget"
+        messages.success(request, f"{done} of the key “{key.name}”.")
+        return redirect("accounts:keys")
+    status = 400 if request.method == "POST" else 200
+    return render(request, "accounts/key_budget.html", {"form": form, "key": key, "budget": current}, status=status)
+
+
 def _keys_page(
     request: AuthenticatedHttpRequest, form: ApiKeyCreateForm, *, plain_key: str | None = None, status: int = 200
 ) -> HttpResponse:
@@ -248,7 +267,7 @@ def _keys_page(
     context = {
         "form": form,
         "plain_key": plain_key,
-        "api_keys": ApiKey.objects.filter(user=request.user).order_by("-created_at", "-pk"),
+        "api_keys": ApiKey.objects.filter(user=request.user).prefetch_related("budgets").order_by("-created_at", "-pk"),
         "account": account,
         "quota": quota_for(request.user, limits=account.limits),
     }

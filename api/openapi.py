@@ -152,6 +152,8 @@ def _object(properties: dict[str, Any], **extra: Any) -> dict[str, Any]:
 INTEGER = {"type": "integer"}
 STRING = {"type": "string"}
 NULLABLE_NUMBER = {"type": ["number", "null"]}
+AMOUNT = {"type": ["integer", "string"], "description": "Tokens (an integer) or money (a decimal string)"}
+DATE_TIME = {"type": "string", "format": "date-time"}
 FINISH_REASON = {"enum": ["stop", "length", "tool_calls", "content_filter"]}
 RESPONSE_SCHEMAS: dict[str, Any] = {
     "Error": _object(
@@ -353,6 +355,30 @@ RESPONSE_SCHEMAS: dict[str, Any] = {
                 "type": "object",
                 "additionalProperties": STRING,
                 "description": "Today's (UTC) cost of settled requests by currency, as decimal strings; {} if unpriced",
+            },
+            "team": {"type": ["string", "null"], "description": "The team the key's requests count against"},
+            "budgets": {
+                "type": "array",
+                "description": "Each budget that applies (plan, account, key, team), least left first",
+                "items": {"$ref": "#/components/schemas/Budget"},
+            },
+        }
+    ),
+    "Budget": _object(
+        {
+            "scope": {"enum": ["plan", "account", "key", "team"]},
+            "period": {"enum": ["day", "week", "month", "rolling_30d"]},
+            "unit": {"enum": ["tokens", "money"]},
+            "currency": {"type": ["string", "null"], "description": "A budget in money's currency; null for tokens"},
+            # Tokens as integers; money as decimal strings, like every cost.
+            "limit": AMOUNT,
+            "used": AMOUNT,
+            "remaining": AMOUNT,
+            "soft_limit_percent": {"type": ["integer", "null"]},
+            "period_start": DATE_TIME,
+            "resets_at": {
+                **DATE_TIME,
+                "description": "When the period ends; in a rolling window, when its oldest use leaves it",
             },
         }
     ),

@@ -27,7 +27,15 @@ from pydantic_core import from_json
 
 from accounts.models import ApiKey, UsageRecord
 from accounts.prices import cost_text, recorded_cost
-from accounts.services import Quota, account_for, api_key_authenticate, quota_for, usage_spend_today
+from accounts.services import (
+    Quota,
+    account_for,
+    api_key_authenticate,
+    quota_for,
+    quota_reported,
+    usage_budgets,
+    usage_spend_today,
+)
 from api.chunks import DONE, Completion, WholeAnswer, completion_events, error_of, openai_finish_reason
 from api.embeddings import embedding_list
 from api.errors import ApiError, body_too_large, finish, internal_error, invalid_url, request_id_of
@@ -110,7 +118,7 @@ def api_view(*methods: str, public: bool = False) -> Callable[[View], View]:
 
             if caller is not None:
                 try:
-                    quota = caller.quota or await in_database_thread(quota_for, caller.user, api_key=caller.key)
+                    quota = caller.quota or await in_database_thread(quota_reported, caller.user, api_key=caller.key)
                 except UNREACHABLE:  # the counters are in Redis: the response goes without them
                     quota = None
                 for name, value in quota.headers().items() if quota else ():
@@ -220,7 +228,7 @@ async def usage(request: HttpRequest, caller: Caller) -> HttpResponseBase:
     account = await in_database_thread(account_for, caller.user)
     quota = await in_database_thread(quota_for, caller.user, limits=account.limits)
     spent = await in_database_thread(usage_spend_today, user=caller.user)
-    caller.quota = quota
+    budgets = await in_database_thread(usage_budgets, account=account, api_key=caller.key)
     limits = quota.limits
     return JsonResponse(
         {
@@ -242,6 +250,9 @@ async def usage(request: HttpRequest, caller: Caller) -> HttpResponseBase:
             "max_tokens_per_request": limits.max_tokens_per_request,
             # Today's (UTC) cost of the settled requests, by currency: {} where no model has a price.
             "spend_today": {currency: cost_text(amount) for currency, amount in spent.items()},
+            # Every budget that applies to this key's requests (accounts.budgets), tightest first.
+            "team": budgets.team,
+            "budgets": budgets.budgets,
         }
     )
 

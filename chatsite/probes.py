@@ -60,7 +60,11 @@ def metrics(request: HttpRequest) -> HttpResponse:
             status=403,
             content_type="text/plain",
         )
-    export_loads(lambda: backend().loads(), lambda: backend().endpoint_snapshots())
+    export_loads(
+        lambda: backend().loads(),
+        lambda: backend().endpoint_snapshots(),
+        lambda: backend().deployment_queues(),
+    )
     return HttpResponse(generate_latest(), content_type=CONTENT_TYPE_LATEST)
 
 

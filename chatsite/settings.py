@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import dj_database_url
 from csp.constants import NONE, SELF
@@ -235,6 +236,8 @@ INSTALLED_APPS = [
     "twofactor",
     "sso",
     "documents",
+    "guardrails",
+    "tools",
     "generation",
     "api",
     "backups",
@@ -382,6 +385,17 @@ EMAIL_BACKEND = (
 # Password-reset e-mails one client address may ask for in any 60 seconds.
 PASSWORD_RESETS_PER_MINUTE = 3
 PASSWORD_RESET_TIMEOUT = 60 * 60  # a reset link works for an hour
+# Budgets (accounts.budgets): calendar days, weeks and months begin at midnight here.
+CHAT_BUDGET_TIME_ZONE = env_str("CHAT_BUDGET_TIME_ZONE", "UTC").strip() or "UTC"
+try:
+    ZoneInfo(CHAT_BUDGET_TIME_ZONE)
+except (ValueError, ZoneInfoNotFoundError):
+    raise ImproperlyConfigured(
+        f"CHAT_BUDGET_TIME_ZONE must be an IANA time zone such as Europe/Paris (got {CHAT_BUDGET_TIME_ZONE!r})."
+    ) from None
+# Budget alerts (accounts.alerts) go to this Slack-compatible webhook as {"text": ...}, and
+# by e-mail to staff and the owner when EMAIL_HOST is set. Unset: no webhook.
+CHAT_ALERT_WEBHOOK_URL = env_url("CHAT_ALERT_WEBHOOK_URL")
 # on: the log-in page offers "Try it without an account": a guest on the `guest` plan, kept by
 # the session cookie, whose limits are shared by every guest of the same client address
 # (accounts.services.guest_create). Guests idle for CHAT_GUEST_TTL_DAYS are deleted.
@@ -544,6 +558,12 @@ GENERATION_SLOT_TOKENS = env_int("GENERATION_SLOT_TOKENS", 4096, minimum=16)
 CHAT_MODEL_IDLE_UNLOAD_S = env_int("CHAT_MODEL_IDLE_UNLOAD_S", 0, minimum=0)
 # After a conversation's first answer, the model gives it a short title (one small generation).
 CHAT_AUTO_TITLE = env_bool("CHAT_AUTO_TITLE", True)
+# Tools in the chat (tools/): rounds of tool calls one answer may make before it must answer in text.
+CHAT_TOOL_MAX_ROUNDS = env_int("CHAT_TOOL_MAX_ROUNDS", 4, minimum=1)
+# A call of a tool set to "Ask every time" waits this long for Approve; then it is not made.
+CHAT_TOOL_APPROVAL_TIMEOUT_S = env_int("CHAT_TOOL_APPROVAL_TIMEOUT_S", 300, minimum=1)
+# Tool servers configured here as well as in the admin (README: Tools), checked by tools/checks.py.
+CHAT_TOOL_SERVERS = env_json_list("CHAT_TOOL_SERVERS")
 # Finished answers to deterministic requests (temperature 0 or a seed), streamed again to
 # an identical request: `user` serves each user only their own, `global` anyone's.
 CHAT_RESPONSE_CACHE = env_choice("CHAT_RESPONSE_CACHE", "user", ("off", "user", "global"))
@@ -589,6 +609,7 @@ CELERY_BEAT_SCHEDULE = {
         ("usage-rollup", "accounts.usage_rollup", 60.0),
         ("expire-streams", "generation.expire_streams", 300.0),
         ("purge-guests", "accounts.guest_purge", 3600.0),
+        ("resend-budget-alerts", "accounts.alert_resend", 300.0),
         ("purge-audit-records", "audit.purge", 3600.0),
     )
 }

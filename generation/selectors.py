@@ -42,9 +42,9 @@ class MessageTree:
     def __init__(self, conversation: Conversation, *, costs: bool = False) -> None:
         self.conversation = conversation
         # Not saved yet (a new chat): no messages.
-        # Each answer's rating with it: the page shows it under every answer; and, for the
-        # page, its cost (`costs`).
-        messages = conversation.messages.select_related("feedback")
+        # Each answer's rating and tool calls with it: the page shows them under every
+        # answer; and, for the page, its cost (`costs`).
+        messages = conversation.messages.select_related("feedback").prefetch_related("tool_calls")
         self.messages = [] if conversation._state.adding else list(with_costs(messages) if costs else messages)
         self._by_id = {message.pk: message for message in self.messages}
         self._order = {message.pk: index for index, message in enumerate(self.messages)}

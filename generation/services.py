@@ -36,6 +36,7 @@ from generation.backends.response_cache import CachedAnswer, CacheLookup, respon
 from generation.backends.router import backend
 from generation.models import Conversation, Message, ModelFallback
 from generation.selectors import MessageTree, chat_history
+from guardrails.services import Scope, answer_rules_for, prompt_check
 from inference.backend import GenerationTask, LedgerVerdict
 from inference.embedding import available_embedding_models
 from inference.engine import EngineOverloaded, GenerationResult, Job
@@ -43,6 +44,7 @@ from inference.generators import ContextLengthExceeded, GenerationParams, Prompt
 from inference.registry import UnknownModel
 from inference.streams import GenerationStatus
 from infrastructure import logs
+from tools.services import ChatToolRunner, ChatTools, chat_tool_runner, chat_tools_for
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +127,9 @@ class GenerationRequest:
     stream_id: str
     start_early: bool
     requests: int
+    # A chat answer's tool runner: a model that calls tools runs its calls; a fallback that
+    # cannot call tools serves the answer without them (_admit_on).
+    tools: ChatToolRunner | None = None
 
 
 @dataclass(frozen=True)
@@ -174,6 +179,7 @@ def generation_admit(
     api_key: ApiKey | None = None,
     stream_id: str | None = None,
     start_early: bool = False,
+    tools: ChatToolRunner | None = None,
 ) -> Admitted:
     """Check a generation against the user's limits and the model, cheapest check first,
     and reserve its tokens in the ledger.
@@ -189,7 +195,9 @@ def generation_admit(
     A model that cannot take it (falls_back) hands it to its fallbacks, in order, those
     the caller may use (model_fallbacks_for): the first that takes it serves it, its
     name in the task and the ledger; when none does, the model's own refusal is raised.
-    The request is counted once, whichever model serves it.
+    The request is counted once, whichever model serves it. A chat answer's `tools` (its
+    runner; `params.extra["tools"]` their specs) go with it to a fallback that calls tools;
+    one that cannot serves the answer without them, rather than no model serving it.
 
     With `start_early`, where the backend allows it (a model server), the generation is
     submitted before the ledger's transaction and runs while it writes: the first token
@@ -207,6 +215,11 @@ def generation_admit(
         raise UnknownModel(f"The model {model!r} does not exist.")
     if unsupported := sorted(params.extra.keys() - runner.features(model)):
         raise InvalidRequest(f"The model {model!r} does not support {unsupported[0]}.", param=unsupported[0])
+    # The content policy, before the request counts: a blocked prompt costs its sender nothing.
+    stream_id = stream_id or uuid.uuid4().hex
+    prompt = prompt_check(
+        user=user, plan=account.plan, channel=channel, model=model, prompt=prompt, stream_id=stream_id
+    )
     limits = account.limits
     requests = usage_request_count(user=user, limits=limits, requested_max_tokens=requested_max_tokens, api_key=api_key)
     request = GenerationRequest(
@@ -219,8 +232,10 @@ def generation_admit(
         stream_id=stream_id or uuid.uuid4().hex,
         start_early=start_early,
         requests=requests,
+        tools=tools,
     )
-    fallbacks = model_fallbacks_for(model=model, account=account, api_key=api_key, features=params.extra.keys())
+    needed = params.extra.keys() - {"tools"} if tools is not None else params.extra.keys()
+    fallbacks = model_fallbacks_for(model=model, account=account, api_key=api_key, features=needed)
     return _admit_first(request, (model, *fallbacks))
 
 
@@ -281,6 +296,9 @@ def _admit_on(request: GenerationRequest, model: str) -> Admitted:
     tokens (generation_admit). Nothing is recorded when it raises."""
     runner = backend()
     user, params, limits = request.user, request.params, request.account.limits
+    tools = request.tools
+    if tools is not None and "tools" not in runner.features(model):  # a fallback without tools
+        params, tools = replace(params, extra={k: v for k, v in params.extra.items() if k != "tools"}), None
     prompt_tokens = runner.count_prompt_tokens(model, request.prompt)
     try:
         room = check_prompt(prompt_tokens, runner.context_length(model))
@@ -297,13 +315,18 @@ def _admit_on(request: GenerationRequest, model: str) -> Admitted:
         priority=request.account.plan.priority,
         owner=str(user.pk),
         prompt_tokens=prompt_tokens,
+        answer_rules=answer_rules_for(scope=Scope(request.account.plan.pk, request.channel, model)),
     )
     logs.annotate(model=model, stream_id=task.stream_id)
     # The one look at the response cache: a hit is admitted like any request, and then
     # streamed from the cache by generation_submit instead of generated.
-    cache = response_cache_lookup(user_id=user.pk, model=model, prompt=request.prompt, params=task.params)
+    cache = response_cache_lookup(
+        user_id=user.pk, model=model, prompt=request.prompt, params=task.params, policy=task.answer_rules
+    )
     if cache is not None and cache.answer is None:
         task = replace(task, cache_key=cache.key)
+    if tools is not None:  # an answer that ran tools is not one to serve again
+        task = replace(task, tools=tools, cache_key=None)
     if request.start_early and runner.starts_early(model) and not (cache and cache.answer):
         task = replace(task, admission=LedgerVerdict())
         runner.submit(task)
@@ -363,6 +386,8 @@ def generation_submit(admitted: Admitted, *, message_id: int | None = None) -> S
 
 def _submit(admitted: Admitted, message_id: int | None) -> Started:
     task = replace(admitted.task, message_id=message_id)
+    if isinstance(task.tools, ChatToolRunner) and message_id is not None:  # each call is saved with the answer
+        task = replace(task, tools=replace(task.tools, message_id=message_id))
     cache = admitted.cache
     started = Started(
         stream_id=task.stream_id,
@@ -585,15 +610,30 @@ def _answer_admit(conversation: Conversation, history: list[dict[str, str]], *, 
     retrieval = retrieval_for(user=conversation.user, conversation_id=conversation.id, question=history[-1]["content"])
     if retrieval is not None:
         history = [*history[:-1], {"role": "user", "content": retrieval.prompt}]
+    params = GenerationParams(max_tokens=conversation.max_tokens, temperature=conversation.temperature)
+    tools = _chat_tools(conversation)
+    runner = None
+    if tools is not None:  # its calls are run here, saved with the answer made next (_submit)
+        params = replace(params, extra={"tools": tools.specs})
+        runner = chat_tool_runner(tools=tools, message_id=0)
     admitted = generation_admit(
         user=conversation.user,
         channel=channel,
         model=conversation.model,
         prompt=history,
-        params=GenerationParams(max_tokens=conversation.max_tokens, temperature=conversation.temperature),
+        params=params,
         requested_max_tokens=None,
+        tools=runner,
     )
     return admitted if retrieval is None else replace(admitted, sources=retrieval.sources)
+
+
+def _chat_tools(conversation: Conversation) -> ChatTools | None:
+    """The tools the conversation's next answer may call: none on a model that cannot call
+    tools (the in-process models), or in a conversation not saved yet."""
+    if conversation._state.adding or "tools" not in backend().features(conversation.model):
+        return None
+    return chat_tools_for(conversation=conversation)
 
 
 def _answer_create(conversation: Conversation, admitted: Admitted, prompt: Message) -> Message:

@@ -22,6 +22,7 @@ from generation import untrusted_json
 from generation.forms import MAX_FEEDBACK_COMMENT_CHARS, MAX_PROMPT_CHARS, MAX_SYSTEM_PROMPT_CHARS
 from generation.models import Conversation, Feedback, Message
 from generation.selectors import MessageTree
+from tools.services import tool_calls_by_message, tool_calls_restore
 
 FORMAT = "chatsite.conversation"
 ALL_DATA_FORMAT = "chatsite.export"
@@ -100,6 +101,19 @@ class FeedbackDocument(_Strict):
     rated_at: datetime | None = None
 
 
+class ToolCallDocument(_Strict):
+    """A tool call an answer made (tools/), as its block shows it."""
+
+    id: Name
+    name: Name
+    server: Name = ""
+    round: int = Field(default=1, ge=1, le=1000)
+    arguments: MessageText = ""
+    status: Literal["ok", "error"]
+    result: MessageText = ""
+    duration_ms: int = Field(default=0, ge=0, le=2**31 - 1)
+
+
 class MessageDocument(_Strict):
     id: int = Field(ge=0)
     parent: int | None = Field(default=None, ge=0)
@@ -114,6 +128,7 @@ class MessageDocument(_Strict):
     finish_reason: FinishReason = ""
     error: ErrorText = ""
     sources: list[SourceDocument] = Field(default_factory=list, max_length=100)
+    tool_calls: list[ToolCallDocument] = Field(default_factory=list, max_length=1000)
     from_cache: bool = False
     feedback: FeedbackDocument | None = None
     created_at: datetime | None = None
@@ -160,6 +175,7 @@ def conversation_document(conversation: Conversation) -> dict[str, Any]:
     tree = MessageTree(conversation)
     ids = {message.pk: index for index, message in enumerate(tree.messages)}
     leaf = tree.leaf()
+    tool_calls = tool_calls_by_message(message_ids=list(ids))
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -179,6 +195,7 @@ def conversation_document(conversation: Conversation) -> dict[str, Any]:
                 "status": message.status,
                 **{name: getattr(message, name) for name in MESSAGE_FIELDS},
                 "sources": message.sources,
+                **({"tool_calls": tool_calls[message.pk]} if message.pk in tool_calls else {}),
                 **({"feedback": _feedback_document(message)} if message.role == Message.Role.ASSISTANT else {}),
                 "created_at": message.created_at.isoformat(),
             }
@@ -218,12 +235,21 @@ def conversation_markdown(conversation: Conversation) -> str:
     lines = [f"# {conversation}", "", f"Model: {conversation.model} · temperature {conversation.temperature}"]
     if conversation.system_prompt:
         lines += ["", "System prompt:", "", _quoted(conversation.system_prompt)]
-    for message in tree.thread():
+    thread = tree.thread()
+    tool_calls = tool_calls_by_message(message_ids=[message.pk for message in thread])
+    for message in thread:
         versions = tree.versions(message)
         heading = "You" if message.role == Message.Role.USER else "Assistant"
         if versions.count > 1:
             heading += f" (version {versions.position} of {versions.count})"
-        lines += ["", f"## {heading}", "", message.content.strip() or f"*({message.status}, no text)*"]
+        lines += ["", f"## {heading}"]
+        if message.pk in tool_calls:
+            lines += ["", "Tool calls:", ""]
+            lines += [
+                f"- {call['name']} `{_one_line(call['arguments'])}` → {call['status']}: {_one_line(call['result'])}"
+                for call in tool_calls[message.pk]
+            ]
+        lines += ["", message.content.strip() or f"*({message.status}, no text)*"]
         if message.sources:
             lines += ["", "Sources:", ""]
             lines += [
@@ -341,6 +367,8 @@ def conversation_import(
             **{name: getattr(item, name) for name in MESSAGE_FIELDS},
         )
         message.save(root=True)  # parents as the file says, first prompts included
+        if item.tool_calls:
+            tool_calls_restore(message_id=message.pk, calls=[call.model_dump() for call in item.tool_calls])
         if item.feedback is not None:
             # Not feedback_set: a rating carried over is not one given now (/metrics counts those).
             Feedback.objects.create(

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from generation import feedback_views, share_views, views
+from generation import feedback_views, share_views, tool_views, views
 
 app_name = "generation"
 
@@ -15,6 +15,7 @@ urlpatterns = [
     path("<uuid:conversation_id>/pin/", views.conversation_pin, name="conversation_pin"),
     path("<uuid:conversation_id>/archive/", views.conversation_archive, name="conversation_archive"),
     path("<uuid:conversation_id>/settings/", views.conversation_settings, name="conversation_settings"),
+    path("<uuid:conversation_id>/tools/", tool_views.conversation_tools, name="conversation_tools"),
     path("<uuid:conversation_id>/export.md", views.conversation_export_markdown, name="conversation_export_markdown"),
     path("<uuid:conversation_id>/export.json", views.conversation_export_json, name="conversation_export_json"),
     path("<uuid:conversation_id>/share/", share_views.conversation_share, name="conversation_share"),
@@ -27,4 +28,5 @@ urlpatterns = [
     path("messages/<int:message_id>/edit/", views.message_edit, name="message_edit"),
     path("messages/<int:message_id>/choose/", views.message_choose, name="message_choose"),
     path("messages/<int:message_id>/feedback/", feedback_views.message_feedback, name="message_feedback"),
+    path("messages/<int:message_id>/tool-call/", tool_views.tool_call_decision, name="tool_call_decision"),
 ]

@@ -48,7 +48,7 @@ from infrastructure import sse
 # Ask EventSource to reconnect after 1 s (instead of its default 3 s) when a connection drops.
 RECONNECT_PREAMBLE = b"retry: 1000\n\n"
 # The answer events the page handles itself; the terminal one is rendered here.
-BROWSER_EVENTS = frozenset({"status", "token"})
+BROWSER_EVENTS = frozenset({"status", "token", "tool_start", "tool_result"})
 
 logger = logging.getLogger(__name__)
 

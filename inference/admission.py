@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import redis
 
+from inference.backend import DeploymentQueue
 from inference.engine import EngineOverloaded
 
 # Redis time in ms, so that every process compares lapses on one clock.
@@ -96,6 +97,11 @@ class DeploymentAdmission:
         """(rows of the live workers, generations admitted and unfinished)."""
         capacity, admitted = self._state(keys=self._keys(model))
         return int(capacity), int(admitted)
+
+    def queue(self, model: str) -> DeploymentQueue:
+        """Generations of `model` running and waiting across the deployment."""
+        capacity, admitted = self.state(model)
+        return DeploymentQueue.of(model, rows=capacity, admitted=admitted)
 
     def admitted(self, model: str, *, older_than_s: float = 0) -> list[str]:
         """Stream ids admitted at least `older_than_s` ago and not released."""

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
 from inference.generators import ChatTokenizer, GenerationParams, Prompt
+from inference.tool_loop import ToolRunner
 
 
 class LedgerVerdict:
@@ -61,16 +62,23 @@ class GenerationTask:
     owner: str = ""
     # Its prompt's tokens, as admission counted them (None: not counted yet).
     prompt_tokens: int | None = None
+    # The answer rules that rewrite its text as it streams (guardrails' RuleSpec as JSON).
+    answer_rules: tuple[dict[str, Any], ...] = ()
     # Set when it starts before its admission is written; never travels.
     admission: LedgerVerdict | None = field(default=None, compare=False)
+    # Who runs its model's tool calls (a chat with tools, on a model server); never travels.
+    tools: ToolRunner | None = field(default=None, compare=False)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(replace(self, admission=None))
+        data = asdict(replace(self, admission=None, tools=None))
+        del data["tools"]
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> GenerationTask:
         params = {**data["params"], "stop": tuple(data["params"]["stop"])}
-        return cls(**{**data, "params": GenerationParams(**params)})
+        answer_rules = tuple(data.get("answer_rules", ()))  # a task queued before they were sent has none
+        return cls(**{**data, "params": GenerationParams(**params), "answer_rules": answer_rules})
 
 
 @dataclass(frozen=True)
@@ -87,6 +95,22 @@ class ModelLoad:
     # Its weights are in this process's memory now (CHAT_MODEL_IDLE_UNLOAD_S frees them while
     # idle); None where this process holds no model (a Celery web process, a model server).
     loaded: bool | None = None
+
+
+@dataclass(frozen=True)
+class DeploymentQueue:
+    """One model's generations across the whole deployment, from the admission bound in
+    Redis: every process sees the same figures (autoscaling, docs/scaling.md)."""
+
+    model: str
+    running: int
+    waiting: int
+    rows: int  # generations the live workers run at once
+
+    @classmethod
+    def of(cls, model: str, *, rows: int, admitted: int) -> DeploymentQueue:
+        """Admitted generations fill the rows first; the rest wait."""
+        return cls(model, running=min(rows, admitted), waiting=max(0, admitted - rows), rows=rows)
 
 
 class GenerationBackend(Protocol):
@@ -137,6 +161,11 @@ class GenerationBackend(Protocol):
         ...
 
     def loads(self) -> list[ModelLoad]: ...
+
+    def deployment_queues(self) -> list[DeploymentQueue]:
+        """Its models' generations across the deployment where one bound admits them all
+        (Celery workers); empty where each process knows only its own."""
+        ...
 
     def start(self) -> None:
         """At server start: load the default model, begin housekeeping where it is due."""

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from inference.batching import Batch, Sequence, open_batch
 from inference.fair_queue import FairQueue
@@ -50,6 +50,8 @@ class GenerationResult:
     error_code: str | None = None
     # From submission until a batch row (or a model server's slot) took it; None: never taken.
     queue_wait_s: float | None = None
+    # Tool calls run for it (a model server's answer with tools, inference/tool_loop.py).
+    tool_calls: int = 0
 
     @property
     def ttft_ms(self) -> int | None:
@@ -107,6 +109,23 @@ class Job:
     # goes first) and whose it is (a user's jobs take turns with other users').
     priority: int = 0
     owner: str = ""
+    # Rewrites the answer's text before it is published (guardrails' answer rules): every
+    # reader, the saved answer and the response cache get only what it let through.
+    text_filter: TextFilter | None = None
+
+
+class TextFilter(Protocol):
+    """What may be shown now of an answer's text as it streams: `feed` each piece, `flush`
+    the rest at the end. Once `blocked`, the answer ends (finish reason content_filter)."""
+
+    blocked: bool
+
+    def feed(self, text: str) -> str: ...
+    def flush(self) -> str: ...
+
+
+# The finish reason of an answer a TextFilter ended (OpenAI's).
+CONTENT_FILTER = "content_filter"
 
 
 class StopMatcher:
@@ -217,11 +236,18 @@ class _Run:
         self.sequence = Sequence(job.prompt, job.params, self.on_token, self.should_stop)
 
     def on_token(self, text: str) -> None:
-        if not self.stop.matched:
-            self._publish(self.stop.feed(text))
+        if not self.stop.matched and not self.filtered():
+            self._publish(self._filter(self.stop.feed(text)))
+
+    def _filter(self, text: str) -> str:
+        return text if self.job.text_filter is None else self.job.text_filter.feed(text)
+
+    def filtered(self) -> bool:
+        """Whether its text filter ended the answer."""
+        return self.job.text_filter is not None and self.job.text_filter.blocked
 
     def should_stop(self) -> bool:
-        return self.stop.matched or self.cancelled or self._shutting_down.is_set()
+        return self.stop.matched or self.filtered() or self.cancelled or self._shutting_down.is_set()
 
     def poll_cancelled(self) -> bool:
         """should_stop(), asking the store first: one round trip per call."""
@@ -244,8 +270,11 @@ class _Run:
             self._finisher.submit(_call_safely, self.job.on_progress, "".join(self.pieces))
 
     def finished(self, outcome: GenerationOutcome) -> GenerationResult:
-        self._publish(self.stop.flush())
+        self._publish(self._filter(self.stop.flush()))
+        if self.job.text_filter is not None:
+            self._publish(self.job.text_filter.flush())
         finish_reason = "stop" if self.stop.matched else outcome.finish_reason
+        finish_reason = CONTENT_FILTER if self.filtered() else finish_reason
         if finish_reason == "cancelled" and self._interrupted():
             return self._result(
                 status=GenerationStatus.INTERRUPTED,

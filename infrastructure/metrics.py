@@ -8,6 +8,7 @@ Engine and endpoint states are read when scraped (LoadCollector), not kept twice
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from decimal import Decimal
@@ -16,8 +17,10 @@ from prometheus_client import REGISTRY, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from inference.backend import ModelLoad
+from inference.backend import DeploymentQueue, ModelLoad
 from inference.engine import GenerationResult
+
+logger = logging.getLogger(__name__)
 
 # Seconds: from a few milliseconds (a model server's token) to minutes (a long answer).
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -110,8 +113,13 @@ class LoadCollector(Collector):
     `chatsite_generated_tokens_total` are contract names (DESIGN.md §9).
     """
 
-    def __init__(self, loads: Callable[[], list[ModelLoad]], endpoints: Callable[[], list[dict]]) -> None:
-        self.loads, self.endpoints = loads, endpoints
+    def __init__(
+        self,
+        loads: Callable[[], list[ModelLoad]],
+        endpoints: Callable[[], list[dict]],
+        deployment_queues: Callable[[], list[DeploymentQueue]] = list,
+    ) -> None:
+        self.loads, self.endpoints, self.deployment_queues = loads, endpoints, deployment_queues
 
     def collect(self) -> Iterator[Metric]:
         loads = self.loads()
@@ -132,8 +140,37 @@ class LoadCollector(Collector):
             if load.loaded is not None:  # a process that holds the model
                 loaded.add_metric([load.model], int(load.loaded))
         yield from (active, queued, generated, loaded)
+        yield from self._deployment_metrics()
         yield from _endpoint_metrics(self.endpoints())
         yield from _gpu_memory()
+
+    def _deployment_metrics(self) -> Iterator[Metric]:
+        """The deployment's queue per model (the same in every web process: take one, or the
+        max, never the sum); none where Redis does not answer, rather than a failed scrape."""
+        try:
+            queues = self.deployment_queues()
+        except Exception:
+            logger.warning("Could not read the deployment's queue from Redis", exc_info=True)
+            return
+        if not queues:
+            return
+        labels = ["model"]
+        waiting = GaugeMetricFamily(
+            "chatsite_deployment_generations_waiting",
+            "Generations admitted and waiting for a worker's row, across the deployment.",
+            labels=labels,
+        )
+        running = GaugeMetricFamily(
+            "chatsite_deployment_generations_running", "Generations running on the workers now.", labels=labels
+        )
+        rows = GaugeMetricFamily(
+            "chatsite_deployment_generation_rows", "Generations the live workers run at once.", labels=labels
+        )
+        for queue in queues:
+            waiting.add_metric([queue.model], queue.waiting)
+            running.add_metric([queue.model], queue.running)
+            rows.add_metric([queue.model], queue.rows)
+        yield from (waiting, running, rows)
 
 
 def _endpoint_metrics(endpoints: list[dict]) -> Iterator[Metric]:
@@ -177,11 +214,15 @@ _exported = threading.Lock()
 _exporting: LoadCollector | None = None
 
 
-def export_loads(loads: Callable[[], list[ModelLoad]], endpoints: Callable[[], list[dict]]) -> None:
-    """Export this process's engines and endpoints (the web's backend, or a worker's engines);
-    the first caller's sources stand."""
+def export_loads(
+    loads: Callable[[], list[ModelLoad]],
+    endpoints: Callable[[], list[dict]],
+    deployment_queues: Callable[[], list[DeploymentQueue]] = list,
+) -> None:
+    """Export this process's engines and endpoints (the web's backend, or a worker's engines),
+    and the deployment's queue where a web process sees it; the first caller's sources stand."""
     global _exporting
     with _exported:
         if _exporting is None:
-            _exporting = LoadCollector(loads, endpoints)
+            _exporting = LoadCollector(loads, endpoints, deployment_queues)
             REGISTRY.register(_exporting)

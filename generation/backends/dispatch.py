@@ -86,13 +86,11 @@ class CeleryDispatcher:
 
     @property
     def active(self) -> int:
-        capacity, admitted = self.admission.state(self.model)
-        return min(capacity, admitted)
+        return self.admission.queue(self.model).running
 
     @property
     def queued(self) -> int:
-        capacity, admitted = self.admission.state(self.model)
-        return max(0, admitted - capacity)
+        return self.admission.queue(self.model).waiting
 
     def submit(self, task: GenerationTask) -> None:
         """Admit the task across all processes, then queue it once the transaction commits.

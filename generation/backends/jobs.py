@@ -18,6 +18,7 @@ from django.db import InterfaceError, OperationalError, connections, transaction
 from accounts.services import usage_finish
 from generation.backends.response_cache import response_cache_fill
 from generation.models import Message
+from guardrails.services import answer_guard, answer_hits_record
 from inference.backend import GenerationTask
 from inference.engine import GenerationResult, Job
 from inference.streams import GenerationStatus
@@ -32,10 +33,14 @@ T = TypeVar("T")
 
 def job_for(task: GenerationTask, *, on_done: Callable[[GenerationResult], None] | None = None) -> Job:
     """The engine job of a task; `on_done` runs after the result is saved."""
+    # Its answer rules, applied by the producer before any text reaches the stream store.
+    guard = answer_guard(task.answer_rules)
 
     def finish(result: GenerationResult) -> None:
         if task.admission is not None and not task.admission.granted():
             return  # refused after it started: nothing was recorded
+        if guard is not None:
+            answer_hits_record(stream_id=task.stream_id, model=task.model, message_id=task.message_id, hits=guard.hits)
         observe_generation(task.model, result)
         log_generation(task, result)
         # The result must not be lost to a connection that died meanwhile (a terminated
@@ -56,6 +61,7 @@ def job_for(task: GenerationTask, *, on_done: Callable[[GenerationResult], None]
         ahead=task.ahead,
         priority=task.priority,
         owner=task.owner,
+        text_filter=guard,
     )
 
 
@@ -66,7 +72,12 @@ def _granted_in_full(task: GenerationTask) -> bool:
 
 
 def _result_save(task: GenerationTask, result: GenerationResult) -> None:
-    usage_finish(stream_id=task.stream_id, usage_estimated=result.usage_estimated, **result.outcome_fields())
+    usage_finish(
+        stream_id=task.stream_id,
+        usage_estimated=result.usage_estimated,
+        tool_calls=result.tool_calls,
+        **result.outcome_fields(),
+    )
     if task.message_id is not None:
         message_finish(task.message_id, result)
         if result.status == GenerationStatus.COMPLETE and settings.CHAT_AUTO_TITLE:

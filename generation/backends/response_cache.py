@@ -18,6 +18,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,25 +86,33 @@ def is_deterministic(params: GenerationParams) -> bool:
     return params.temperature == 0 or params.seed is not None
 
 
-def response_cache_key(*, user_id: int | None, model: str, prompt: Prompt, params: GenerationParams) -> str:
+def response_cache_key(
+    *, user_id: int | None, model: str, prompt: Prompt, params: GenerationParams, policy: Sequence[object] = ()
+) -> str:
     """The key of a request: model, prompt and every generation parameter, and the user
-    unless the scope is global. A parameter added to GenerationParams joins the key by itself."""
-    material = {
+    unless the scope is global. A parameter added to GenerationParams joins the key by itself.
+    The answer rules (`policy`, guardrails) join it where there are any: an answer kept
+    before a rule changed is not the answer it makes now."""
+    material: dict[str, Any] = {
         "user": user_id if settings.CHAT_RESPONSE_CACHE == "user" else None,
         "model": model,
         "prompt": prompt,
         "params": dataclasses.asdict(params),
     }
+    if policy:
+        material["policy"] = list(policy)
     encoded = json.dumps(material, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
     return KEY_PREFIX + hashlib.sha256(encoded.encode()).hexdigest()
 
 
-def response_cache_lookup(*, user_id: int, model: str, prompt: Prompt, params: GenerationParams) -> CacheLookup | None:
+def response_cache_lookup(
+    *, user_id: int, model: str, prompt: Prompt, params: GenerationParams, policy: Sequence[object] = ()
+) -> CacheLookup | None:
     """The cache's answer to a request; None when the cache does not apply to it (turned
     off, or a request that samples without a seed)."""
     if settings.CHAT_RESPONSE_CACHE == "off" or not is_deterministic(params):
         return None
-    key = response_cache_key(user_id=user_id, model=model, prompt=prompt, params=params)
+    key = response_cache_key(user_id=user_id, model=model, prompt=prompt, params=params, policy=policy)
     try:
         entry = cache.get(key)
     except Exception:  # e.g. Redis unreachable: generate as if nothing was stored

@@ -22,7 +22,7 @@ from generation.backends.dispatch import QUEUE_PRODUCER, CeleryDispatcher
 from generation.backends.jobs import job_for
 from generation.checks import configured_upstreams
 from generation.models import UpstreamEndpoint
-from inference.backend import GenerationBackend, GenerationTask, ModelLoad
+from inference.backend import DeploymentQueue, GenerationBackend, GenerationTask, ModelLoad
 from inference.engine import EngineOverloaded
 from inference.generators import ChatTokenizer, Generator, Prompt, load_chat_tokenizer
 from inference.upstream import PASSTHROUGH_FIELDS, UpstreamPool, estimate_prompt_tokens
@@ -91,6 +91,9 @@ class InProcessBackend:
             )
             for model, e in sorted(runtime.local_engines().items())
         ]
+
+    def deployment_queues(self) -> list[DeploymentQueue]:
+        return []  # each process admits to its own engines
 
     def start(self) -> None:
         runtime.local_engine()
@@ -175,6 +178,12 @@ class CeleryBackend:
             ModelLoad(model, d.scheduler, d.ready, d.active, d.queued, d.max_concurrent, d.generated_tokens)
             for model, d in dispatchers
         ]
+
+    def deployment_queues(self) -> list[DeploymentQueue]:
+        """Every model the workers serve, asked or not in this process: a scaler reading any
+        one web process sees them all."""
+        admission = runtime.admission()
+        return [admission.queue(model) for model in self.models()]
 
     def start(self) -> None:
         self.dispatcher()
@@ -293,6 +302,7 @@ class UpstreamBackend:
             body=body,
             count_tokens=(lambda text: tokenizer.count_prompt_tokens(text)) if tokenizer else None,
             admission=task.admission,
+            tools=task.tools,
         )
         return task.stream_id
 
@@ -319,6 +329,9 @@ class UpstreamBackend:
             active, queued, rows = self.pool.load(model)
             loads.append(ModelLoad(model, "upstream", True, active, queued, rows, self.pool.generated_tokens))
         return loads
+
+    def deployment_queues(self) -> list[DeploymentQueue]:
+        return []  # the model servers export their own queues
 
     def start(self) -> None:
         self.refresh(force=True)
@@ -389,6 +402,9 @@ class ModelRouter:
 
     def loads(self) -> list[ModelLoad]:
         return [*self.own.loads(), *self.upstream.loads()]
+
+    def deployment_queues(self) -> list[DeploymentQueue]:
+        return self.own.deployment_queues()
 
     def start(self) -> None:
         self.own.start()

@@ -5,6 +5,9 @@ An `UpstreamPool` streams each generation from one of its model's endpoints and 
 the same numbered events to the stream store as the engine does (`status` while it
 waits, `token`, `tool_call`, then one `done` or `error`), calling the job's save
 callbacks first, so that readers, resume, Stop and the ledger never know where it ran.
+A chat answer with tools runs its model's calls itself instead of streaming them
+(`tool_start`, `tool_result`), and asks the model again with their results
+(inference/tool_loop.py).
 
 - Routing: the endpoint with the fewest outstanding requests per unit of weight, under
   its `max_concurrent`; when every endpoint is full the request waits in line (told its
@@ -47,9 +50,26 @@ from typing import Any, TypeVar
 import aiohttp
 
 from inference.backend import LedgerVerdict
-from inference.engine import INTERRUPTED, EngineOverloaded, GenerationResult, Job, failure_message
+from inference.engine import (
+    CONTENT_FILTER,
+    INTERRUPTED,
+    EngineOverloaded,
+    GenerationResult,
+    Job,
+    failure_message,
+)
 from inference.fair_queue import FairQueue
 from inference.streams import PRODUCER_BEAT_S, PRODUCER_BEAT_TTL_S, GenerationStatus, StreamStore, interrupted_event
+from inference.tool_loop import (
+    ToolCall,
+    ToolCallGatherer,
+    ToolOutcome,
+    ToolRunner,
+    ToolStatus,
+    next_round_body,
+    tool_event,
+    tool_round_messages,
+)
 from inference.upstream.endpoints import Circuit, Endpoint, EndpointState, NoEndpointAvailable, UpstreamFailed
 from inference.upstream.wire import client_session, estimate_tokens, json_chunks, openai_tool_call_deltas
 
@@ -77,6 +97,13 @@ class _Run:
     max_tokens: int | None = None  # as sent to the server
     tool_calls_begun: set[int] = field(default_factory=set)  # the indexes of its tool calls so far
     tool_call_text: list[str] = field(default_factory=list)  # their names and arguments, to count
+    # Where its tool calls run (inference/tool_loop.py); None: they are streamed to the client.
+    tools: ToolRunner | None = None
+    gathered: ToolCallGatherer = field(default_factory=ToolCallGatherer)
+    tool_rounds: int = 0  # rounds of calls run so far
+    tool_calls_run: int = 0  # the calls of those rounds, counted on its usage record
+    round_began: int = 0  # the index in `pieces` where this round's text begins
+    past_usage: dict[str, int] = field(default_factory=dict)  # the usage of the rounds before this one
 
     @property
     def priority(self) -> int:
@@ -91,6 +118,10 @@ class _Run:
         for (counted by the server's chunks)."""
         granted = self.admission.max_tokens if self.admission else None
         return granted is not None and self.max_tokens is not None and self.output_chunks >= granted < self.max_tokens
+
+    def filtered(self) -> bool:
+        """Whether its text filter ended the answer (leaving closes the request, as capped)."""
+        return self.job.text_filter is not None and self.job.text_filter.blocked
 
 
 class UpstreamPool:
@@ -182,11 +213,13 @@ class UpstreamPool:
         body: dict[str, Any],
         count_tokens: Callable[[str], int] | None = None,
         admission: LedgerVerdict | None = None,
+        tools: ToolRunner | None = None,
     ) -> None:
         """Start streaming `body` (an OpenAI request without model and stream fields) from
         one of `model`'s endpoints. Raises NoEndpointAvailable, or EngineOverloaded when
         `max_queue` requests already wait for room. `prompt_tokens` and `count_tokens`
-        count the usage if the server reports none."""
+        count the usage if the server reports none. With `tools`, the model's tool calls
+        are run by it and the model continues with their results (`_tool_round`)."""
         with self._lock:
             if self._stopping:
                 raise EngineOverloaded("the server is shutting down")
@@ -198,6 +231,7 @@ class UpstreamPool:
             if not room and waiting >= self.max_queue:
                 raise EngineOverloaded(f"{waiting} requests already wait for {model!r}")
             run = _Run(job, model, prompt_tokens, count_tokens, admission=admission, max_tokens=body.get("max_tokens"))
+            run.tools = tools
             self._runs[job.stream_id] = run
         self.store.create(job.stream_id)
         loop = self._started_loop()
@@ -332,7 +366,6 @@ class UpstreamPool:
                 try:
                     await self._stream(run, state, body)
                     failure = None
-                    break
                 except UpstreamFailed as error:
                     failure = error
                     # Once the client has seen tokens, no quiet retry any more.
@@ -354,11 +387,70 @@ class UpstreamPool:
                     break
                 finally:
                     await self._release(state)
+                if failure is not None:
+                    continue  # another endpoint takes it
+                # Its tool calls run with the endpoint's slot given back (a call may wait
+                # minutes for its Approve); the next round waits its turn for one again.
+                try:
+                    following = await self._tool_round(run, body)
+                except Exception:
+                    logger.exception("The tool round of generation %s failed", run.job.stream_id)
+                    failure = UpstreamFailed(failure_message(run.job.stream_id), retry=False)
+                    break
+                if following is None:
+                    break
+                body, tried = following, set()
         except asyncio.CancelledError:
             if not run.cancelled:
                 raise
             run.finish_reason = "cancelled"
         self._finish(run, failure)
+
+    async def _tool_round(self, run: _Run, body: dict[str, Any]) -> dict[str, Any] | None:
+        """Run the calls a round of a run with tools ended with, each told as a `tool_start`
+        and a `tool_result` event; the next round's request, or None: the answer is complete
+        (no calls, the rounds or the tokens used up)."""
+        calls = run.gathered.calls()
+        if run.tools is None or not calls or run.tool_rounds >= run.tools.max_rounds or run.capped():
+            return None
+        left = None if run.max_tokens is None else run.max_tokens - run.output_chunks
+        if left is not None and left < 1:
+            return None
+        run.tool_rounds += 1
+        run.tool_calls_run += len(calls)
+        outcomes = []
+        for call in calls:
+            self._publish(run.job.stream_id, "tool_start", tool_event(call, None, round_number=run.tool_rounds))
+            outcome = await self._tool_outcome(run, call)
+            outcomes.append(outcome)
+            self._publish(run.job.stream_id, "tool_result", tool_event(call, outcome, round_number=run.tool_rounds))
+        added = tool_round_messages("".join(run.pieces[run.round_began :]), calls, outcomes)
+        following = next_round_body(body, added, last=run.tool_rounds >= run.tools.max_rounds)
+        if left is not None:
+            following["max_tokens"] = left
+        # The next round starts afresh: its calls' indexes, its text, its usage; the server
+        # reads the whole conversation again, results included (counted if it reports nothing).
+        run.gathered.clear()
+        run.tool_calls_begun = set()
+        run.round_began = len(run.pieces)
+        run.past_usage = _usage_added(run.past_usage, run.usage or {})
+        run.usage = None
+        run.prompt_tokens += sum(estimate_tokens(json.dumps(message)) for message in following["messages"])
+        run.finish_reason = "stop"
+        return following
+
+    async def _tool_outcome(self, run: _Run, call: ToolCall) -> ToolOutcome:
+        assert run.tools is not None
+
+        def tell(status: ToolStatus) -> None:  # a later tool_start of the same call: its new status
+            event = tool_event(call, None, round_number=run.tool_rounds, status=status)
+            self._publish(run.job.stream_id, "tool_start", event)
+
+        try:
+            return await run.tools.run(call, round_number=run.tool_rounds, tell=tell)
+        except Exception:  # the runner's own fault: that call fails, not the answer
+            logger.exception("Tool call %s (%s) failed", call.id, call.name)
+            return ToolOutcome(ok=False, text=f"The tool {call.name!r} failed.")
 
     async def _acquire(self, run: _Run, tried: set[str]) -> EndpointState | None:
         """The endpoint to try next, waiting in line while all are full; None if none is left."""
@@ -453,12 +545,14 @@ class UpstreamPool:
                             break  # the first token: from now on only the read timeout applies
                     first_token.reschedule(None)
                 self._note_success(state, time.monotonic() - started)
-                if not run.capped():
+                if not (run.capped() or run.filtered()):
                     async for chunk in chunks:
                         self._take(run, chunk, chat)
-                        if run.capped():
+                        if run.capped() or run.filtered():
                             break
-                if run.capped():  # leaving closes the request: the server stops
+                if run.filtered():
+                    run.finish_reason = CONTENT_FILTER
+                elif run.capped():  # leaving closes the request: the server stops
                     run.finish_reason = "length"
         except aiohttp.ClientError as error:
             # Before TimeoutError: a silence past `read_timeout_s` (ServerTimeoutError) is
@@ -512,6 +606,10 @@ class UpstreamPool:
             delta = (choice.get("delta") or {}) if chat else {"content": choice.get("text")}
             text = delta.get("content") or ""
             logprobs = (choice.get("logprobs") or {}).get("content")
+            # A chunk the text filter holds back is output all the same: the server has begun.
+            output = output or bool(text)
+            if run.job.text_filter is not None:  # its logprobs would carry the text it holds back
+                text, logprobs = ("" if run.filtered() else run.job.text_filter.feed(text)), None
             if text or logprobs:
                 data: dict[str, Any] = {"delta": text}
                 if logprobs:
@@ -524,7 +622,10 @@ class UpstreamPool:
                 run.tool_call_text += [
                     (call.get("function") or {}).get(part) or "" for call in calls for part in ("name", "arguments")
                 ]
-                self._publish(run.job.stream_id, "tool_call", {"tool_calls": calls})
+                if run.tools is None:
+                    self._publish(run.job.stream_id, "tool_call", {"tool_calls": calls})
+                else:  # run here once the round ends (_tool_round)
+                    run.gathered.add(calls)
                 output = True
             if choice.get("finish_reason"):
                 run.finish_reason = choice["finish_reason"]
@@ -549,6 +650,9 @@ class UpstreamPool:
                 state.circuit.failed()
 
     def _finish(self, run: _Run, failure: UpstreamFailed | None) -> None:
+        if run.job.text_filter is not None and (held := run.job.text_filter.flush()):
+            self._publish(run.job.stream_id, "token", {"delta": held})
+            run.pieces.append(held)
         self._flush()  # its last chunks go before its terminal event, which the finisher appends
         with self._lock:
             self._runs.pop(run.job.stream_id, None)
@@ -556,7 +660,7 @@ class UpstreamPool:
         if waited:
             self._wake()  # the runs that waited behind it are told their new places
         text = "".join(run.pieces)
-        usage = run.usage or {}
+        usage = _usage_added(run.past_usage, run.usage or {})
         count = run.count_tokens or estimate_tokens
         estimated = not usage and run.count_tokens is None
         prompt_tokens = int(usage.get("prompt_tokens", run.prompt_tokens))
@@ -586,6 +690,7 @@ class UpstreamPool:
             duration_s=time.monotonic() - started,
             error=error,
             usage_estimated=estimated,
+            tool_calls=run.tool_calls_run,
         )
         self._finisher.submit(self._end, run.job, result, failure)
 
@@ -702,6 +807,14 @@ class UpstreamPool:
                     state.healthy = healthy
             await self._notify()
             await asyncio.sleep(self.health_interval_s)
+
+
+def _usage_added(earlier: dict[str, int], usage: dict[str, int]) -> dict[str, int]:
+    """The usage of a tool loop's rounds so far: each count added up."""
+    if not earlier:
+        return usage
+    counts = ("prompt_tokens", "completion_tokens", "total_tokens")
+    return {key: int(earlier.get(key, 0)) + int(usage.get(key, 0)) for key in counts if key in earlier or key in usage}
 
 
 def _call_safely(callback: Callable[[Any], None], argument: Any) -> None:

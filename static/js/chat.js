@@ -37,9 +37,94 @@
     list.hidden = false;
   }
 
+  // A tool call's block, as the server renders it (tools/_tool_calls.html), built from text
+  // nodes: arguments and results are text, never HTML. "tool_start" adds it (running),
+  // "tool_result" fills it in; one block per call id, however often the events come.
+  var TOOL_STATUS = { waiting: "Waiting for your approval", running: "Running\u2026", ok: "Ok", error: "Error" };
+
+  // A call that waits for its owner ("Ask every time"): Approve and Deny post the decision
+  // to the list's data-decision-url; the call's next event takes the buttons away.
+  function showDecision(list, item, call) {
+    var buttons = item.querySelector("[data-tool-decision]");
+    if (call.status !== "waiting") {
+      if (buttons) buttons.remove();
+      return;
+    }
+    if (buttons || !list.dataset.decisionUrl) return;
+    buttons = document.createElement("div");
+    buttons.className = "tool-decision";
+    buttons.setAttribute("data-tool-decision", "");
+    [["approve", "Approve"], ["deny", "Deny"]].forEach(function (choice) {
+      var button = document.createElement("button");
+      button.type = "button";
+      button.className = choice[0] === "deny" ? "secondary" : "";
+      button.textContent = choice[1];
+      button.addEventListener("click", function () {
+        buttons.querySelectorAll("button").forEach(function (b) { b.disabled = true; });
+        htmx.ajax("POST", list.dataset.decisionUrl, {
+          source: button,
+          swap: "none",
+          values: { call_id: call.id, decision: choice[0] },
+        });
+      });
+      buttons.append(button);
+    });
+    item.append(buttons);
+  }
+
+  function toolPart(parent, tag, attribute, text) {
+    var part = parent.querySelector("[" + attribute + "]");
+    if (!part) {
+      part = document.createElement(tag);
+      part.setAttribute(attribute, "");
+      parent.append(part);
+    }
+    part.textContent = text;
+    return part;
+  }
+
+  function showToolCall(article, call) {
+    var list = article.querySelector("[data-tool-calls]");
+    if (!list) return;
+    var item = Array.prototype.find.call(list.children, function (child) {
+      return child.dataset.toolCall === call.id;
+    });
+    if (!item) {
+      item = document.createElement("li");
+      item.className = "tool-call";
+      item.dataset.toolCall = call.id;
+      var details = document.createElement("details");
+      var summary = document.createElement("summary");
+      summary.append("Tool ");
+      toolPart(summary, "code", "data-tool-name", call.name);
+      summary.append(" \u00b7 ");
+      toolPart(summary, "span", "data-tool-status", "");
+      summary.append(" \u00b7 ");
+      toolPart(summary, "span", "data-tool-time", "");
+      details.append(summary);
+      [["Arguments", "data-tool-arguments"], ["Result", "data-tool-result"]].forEach(function (part) {
+        var label = document.createElement("p");
+        label.className = "tool-label";
+        label.textContent = part[0];
+        details.append(label);
+        toolPart(details, "pre", part[1], "");
+      });
+      item.append(details);
+      list.append(item);
+    }
+    item.dataset.status = call.status;
+    toolPart(item, "span", "data-tool-status", TOOL_STATUS[call.status] || call.status);
+    toolPart(item, "span", "data-tool-time", call.duration_ms === undefined ? "" : call.duration_ms + " ms");
+    toolPart(item, "pre", "data-tool-arguments", call.arguments);
+    toolPart(item, "pre", "data-tool-result", call.result === undefined ? "" : call.result);
+    showDecision(list, item, call);
+    if (call.status === "waiting") item.querySelector("details").open = true;
+  }
+
   document.addEventListener("htmx:sseBeforeMessage", function (event) {
     var message = event.detail;
-    if (message.type !== "token" && message.type !== "status") return;
+    var isTool = message.type === "tool_start" || message.type === "tool_result";
+    if (message.type !== "token" && message.type !== "status" && !isTool) return;
     event.preventDefault(); // no htmx swap: update the answer ourselves
     var article = event.target.closest("article");
     var seq = Number(message.lastEventId);
@@ -47,6 +132,11 @@
     article.dataset.lastSeq = seq;
     var data = JSON.parse(message.data);
     var statusLine = article.querySelector("[data-stream-status]");
+    if (isTool) {
+      if (statusLine) statusLine.textContent = "";
+      showToolCall(article, data);
+      return;
+    }
     if (message.type === "status") {
       if (statusLine) statusLine.textContent = waitingWords(data);
       if (data.state === "generating") showSources(article, data.sources);

@@ -85,6 +85,13 @@ def text_of(events: list) -> str:
     return "".join(ChatClient.delta(e) for e in events if e.event == "token")
 
 
+def deployment_queue(site: LiveSite, model: str) -> dict[str, float]:
+    """The chatsite_deployment_* gauges of `model` on the site's /metrics."""
+    text = httpx.get(f"{site.base_url}/metrics").text
+    found = re.findall(rf'^chatsite_deployment_generations?_(\w+)\{{model="{model}"\}} (\S+)$', text, re.M)
+    return {name: float(value) for name, value in found}
+
+
 def test_stream_through_a_is_resumed_and_cancelled_through_b(deployment):
     a, b, worker, _ = deployment
     alice_a = user_on(a)
@@ -124,6 +131,9 @@ def test_queue_bound_and_places_hold_across_web_processes(deployment):
     refused = users[4].htmx_post("/chat/", {"prompt": "five"})  # the whole deployment is full
     assert refused.status_code == 503
     assert "busy" in refused.text
+    # Either web process tells a scaler the whole deployment's queue, not its own share.
+    for site in (a, b):
+        assert deployment_queue(site, "synthetic") == {"waiting": 2.0, "running": 2.0, "rows": 2.0}
 
     stop(users[0], running[0].html)  # a row frees: "three" runs, "four" moves up
     after_three = first_events(users[2], waiting[0].stream_url, 2, headers={"Last-Event-ID": "1"})

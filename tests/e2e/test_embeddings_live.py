@@ -1,17 +1,21 @@
-"""POST /v1/embeddings through the official openai client against a real daphne.
+"""POST /v1/embeddings through the official openai client and LangChain's OpenAIEmbeddings
+against a real daphne.
 
-LangChain's OpenAIEmbeddings is not installed here; it sends token ids unless told
-`check_embedding_ctx_length=False`, and those are refused (tests/api/test_embeddings.py).
+OpenAIEmbeddings sends token ids unless told `check_embedding_ctx_length=False`, and those
+are refused (tests/api/test_embeddings.py).
 """
 
 from __future__ import annotations
 
+import httpx
 import numpy as np
 import openai
 import pytest
+from langchain_openai import OpenAIEmbeddings
+from pydantic import SecretStr
 
 from inference.embedding import available_embedding_models
-from tests.support.livesite import unlimited_api_key
+from tests.support.livesite import LiveSite, unlimited_api_key
 
 pytestmark = pytest.mark.skipif(
     "all-minilm-l6-v2" not in available_embedding_models(), reason="the embedding model's package is not installed"
@@ -24,8 +28,12 @@ TEXTS = ["A man is eating food.", "A man is eating a piece of bread.", "The sky 
 
 
 @pytest.fixture(scope="module")
-def client(live_sites) -> openai.OpenAI:
-    site = live_sites.site(SITE_ENV)
+def site(live_sites) -> LiveSite:
+    return live_sites.site(SITE_ENV)
+
+
+@pytest.fixture(scope="module")
+def client(site) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{site.base_url}/v1", api_key=unlimited_api_key(site), max_retries=0)
 
 
@@ -63,3 +71,31 @@ def test_models_list_names_the_embedding_model_with_its_kind(client):
 
     assert models[EMBEDDER].model_extra == {"kind": "embedding"}
     assert models["synthetic"].model_extra == {"kind": "chat"}
+
+
+def test_langchains_openai_embeddings_gets_unit_vectors_and_is_billed(site):
+    key = unlimited_api_key(site)  # a key of its own: the ledger holds this test's requests only
+    embedder = OpenAIEmbeddings(
+        model=EMBEDDER,
+        base_url=f"{site.base_url}/v1",
+        api_key=SecretStr(key),
+        # Its default counts tokens with tiktoken, which downloads its encodings from the
+        # internet (out of reach here), and then sends token ids, which chatsite refuses.
+        check_embedding_ctx_length=False,
+        max_retries=0,
+    )
+    query = "Someone is having a meal."
+
+    documents = np.array(embedder.embed_documents(TEXTS))
+    asked = np.array(embedder.embed_query(query))
+
+    assert documents.shape == (3, 384) and asked.shape == (384,)
+    assert np.allclose(np.linalg.norm(documents, axis=1), 1, atol=1e-5)
+    assert np.isclose(np.linalg.norm(asked), 1, atol=1e-5)
+    assert asked @ documents[0] > asked @ documents[2]  # the paraphrase is nearer than the sky
+    used = httpx.get(f"{site.base_url}/v1/usage", headers={"Authorization": f"Bearer {key}"}).json()
+    same_texts = openai.OpenAI(base_url=f"{site.base_url}/v1", api_key=key, max_retries=0).embeddings.create(
+        model=EMBEDDER, input=[*TEXTS, query]
+    )
+    assert used["requests"]["used"] == 2
+    assert used["tokens"]["used"] == same_texts.usage.total_tokens > 0

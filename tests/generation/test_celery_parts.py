@@ -21,10 +21,11 @@ from generation import services, worker
 from generation.backends import reaping, router, runtime
 from generation.backends.dispatch import QUEUE_PRODUCER, CeleryDispatcher
 from generation.models import Conversation, Message
-from inference.backend import GenerationTask
+from inference.backend import DeploymentQueue, GenerationTask
 from inference.engine import EngineOverloaded, GenerationResult
 from inference.generators import GenerationParams, SyntheticGenerator, load_chat_tokenizer
 from inference.registry import resolve_model
+from infrastructure.metrics import LoadCollector
 from tests.support.engines import install_engine, wait_for_terminal, wait_until
 
 # The engine's threads write while tests read: no test-wide transaction holding locks.
@@ -86,6 +87,15 @@ def test_admitted_lists_places_by_age(admission):
     assert admission.admitted("m", older_than_s=0.2) == ["old"]
     assert sorted(admission.admitted("m")) == ["new", "old"]
     assert admission.models() == ["m"]
+
+
+def test_deployment_queue_fills_the_live_workers_rows_first(admission):
+    admission.register("m", "worker-1", rows=2, ttl_s=30)
+    for n in range(3):
+        admission.admit("m", f"s{n}")
+
+    assert admission.queue("m") == DeploymentQueue("m", running=2, waiting=1, rows=2)
+    assert admission.queue("no-worker-yet") == DeploymentQueue("no-worker-yet", running=0, waiting=0, rows=0)
 
 
 @pytest.fixture
@@ -155,6 +165,39 @@ def test_generation_start_under_celery_records_the_queue_as_producer(
     assert record.status == UsageRecord.Status.STREAMING
     assert dispatcher.queued_tasks[0].stream_id == started.stream_id
     assert dispatcher.queued_tasks[0].params.max_tokens == 5
+
+
+def test_metrics_show_the_deployment_queue_that_every_web_process_shares(dispatcher, stream_store, settings, client):
+    settings.CHAT_MODEL = "synthetic"
+    settings.CHAT_ENABLE_SYNTHETIC = True
+    previous = runtime.use(runtime.Runtime(store=stream_store, admission=dispatcher.admission))
+    try:
+        celery = router.CeleryBackend({"synthetic": dispatcher})
+        runtime.current().backend = router.ModelRouter(celery, router.UpstreamBackend())
+        dispatcher.admission.register("synthetic", "w", rows=1, ttl_s=30)
+        for n in range(3):
+            dispatcher.submit(task_for(f"s{n}"))
+        # Another web process admitted this one: the gauges count it all the same.
+        dispatcher.admission.admit("smollm2-135m-instruct", "elsewhere")
+
+        text = client.get("/metrics").content.decode()
+    finally:
+        runtime.use(previous)
+
+    assert 'chatsite_deployment_generations_running{model="synthetic"} 1.0' in text
+    assert 'chatsite_deployment_generations_waiting{model="synthetic"} 2.0' in text
+    assert 'chatsite_deployment_generation_rows{model="synthetic"} 1.0' in text
+    assert 'chatsite_deployment_generations_waiting{model="smollm2-135m-instruct"} 1.0' in text
+
+
+def test_a_scrape_without_redis_leaves_out_only_the_deployment_queue():
+    def unreachable() -> list[DeploymentQueue]:
+        raise ConnectionError("Redis is down")
+
+    names = [metric.name for metric in LoadCollector(list, list, unreachable).collect()]
+
+    assert "chatsite_active_generations" in names
+    assert not [name for name in names if name.startswith("chatsite_deployment_")]
 
 
 def queued_answer(user, stream_id: str = "q1") -> Message:

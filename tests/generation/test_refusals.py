@@ -304,7 +304,7 @@ def test_an_unreachable_redis_is_a_503_to_retry_not_a_500(alice, alice_key, fast
         raise RedisConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
 
     monkeypatch.setattr(api_views, "generation_start", unreachable)
-    monkeypatch.setattr(api_views, "quota_for", lambda *args, **kwargs: unreachable())
+    monkeypatch.setattr(api_views, "quota_reported", lambda *args, **kwargs: unreachable())
 
     response = post("/v1/chat/completions", CHAT, alice_key)
 
