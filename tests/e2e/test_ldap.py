@@ -102,7 +102,8 @@ def test_a_directory_user_logs_in_and_is_made_with_the_plan_and_staff_status_of_
     assert ada.is_staff and not ada.is_superuser
     assert account_for(ada).plan == interns
     actions = set(AuditRecord.objects.filter(actor=ada).values_list("action", flat=True))
-    assert actions == {AuditRecord.Action.SIGNUP, AuditRecord.Action.LOGIN}
+    # The groups moved the new user off the default plan and made them staff: audited too.
+    assert actions == {AuditRecord.Action.SIGNUP, AuditRecord.Action.CLAIMS_APPLIED, AuditRecord.Action.LOGIN}
 
 
 def test_a_member_of_no_mapped_group_for_staff_is_not_staff(client, ldap_site, mappings, interns):
