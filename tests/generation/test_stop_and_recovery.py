@@ -113,24 +113,30 @@ def test_generation_goes_on_and_completes_when_the_browser_leaves(alice, slow_en
     assert len(answer.content.split()) == 64
 
 
+async def api_stream_requested(key: str) -> ApplicationCommunicator:
+    """A streamed chat completion's request, sent whole to the ASGI application."""
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "query_string": b"",
+        "headers": [
+            (b"host", b"localhost"),
+            (b"authorization", f"Bearer {key}".encode()),
+            (b"content-type", b"application/json"),
+        ],
+    }
+    body = b'{"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "Hi"}], "stream": true}'
+    communicator = ApplicationCommunicator(get_asgi_application(), scope)
+    await communicator.send_input({"type": "http.request", "body": body})
+    return communicator
+
+
 def test_an_api_stream_cancels_its_generation_when_the_client_disconnects(alice, slow_engine):
     key = api_key_create(user=alice, name="test")[1]
-    body = b'{"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "Hi"}], "stream": true}'
 
     async def read_then_disconnect() -> None:
-        scope = {
-            "type": "http",
-            "method": "POST",
-            "path": "/v1/chat/completions",
-            "query_string": b"",
-            "headers": [
-                (b"host", b"localhost"),
-                (b"authorization", f"Bearer {key}".encode()),
-                (b"content-type", b"application/json"),
-            ],
-        }
-        communicator = ApplicationCommunicator(get_asgi_application(), scope)
-        await communicator.send_input({"type": "http.request", "body": body})
+        communicator = await api_stream_requested(key)
         assert (await communicator.receive_output(5))["status"] == 200
         await communicator.receive_output(5)
         await communicator.send_input({"type": "http.disconnect"})
@@ -146,7 +152,6 @@ def test_an_api_stream_whose_client_leaves_during_admission_generates_nothing(al
     """Django cancels the view when the client disconnects, but not the admission's thread:
     the generation that thread starts is cancelled once it has, and the stream place freed."""
     key = api_key_create(user=alice, name="test")[1]
-    body = b'{"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "Hi"}], "stream": true}'
     admitting = threading.Event()
 
     def slow_start(**kwargs):
@@ -157,19 +162,7 @@ def test_an_api_stream_whose_client_leaves_during_admission_generates_nothing(al
     monkeypatch.setattr(api_views, "generation_start", slow_start)
 
     async def send_then_disconnect() -> list:
-        scope = {
-            "type": "http",
-            "method": "POST",
-            "path": "/v1/chat/completions",
-            "query_string": b"",
-            "headers": [
-                (b"host", b"localhost"),
-                (b"authorization", f"Bearer {key}".encode()),
-                (b"content-type", b"application/json"),
-            ],
-        }
-        communicator = ApplicationCommunicator(get_asgi_application(), scope)
-        await communicator.send_input({"type": "http.request", "body": body})
+        communicator = await api_stream_requested(key)
         await asyncio.to_thread(admitting.wait, 5)
         await communicator.send_input({"type": "http.disconnect"})
         await communicator.wait(5)
