@@ -138,6 +138,10 @@ def _plain_static_storage(settings):
         **settings.STORAGES,
         "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
     }
+    # WhiteNoise otherwise lists STATIC_ROOT as each test client loads the middleware, while
+    # another worker's live site may be collecting into it (collectstatic deletes a file
+    # before writing it again): a file gone between listing and stat failed a test.
+    settings.WHITENOISE_AUTOREFRESH = True
 
 
 @pytest.fixture(autouse=True)
