@@ -230,23 +230,13 @@ def usage_request_count(
         raise InvalidRequest(f"max_tokens is at most {limits.max_tokens_per_request} on your plan.", param="max_tokens")
     if api_key is not None and api_key.requests_per_minute is not None:
         key_limit = min(api_key.requests_per_minute, limits.requests_per_minute)
-        key_window = request_log().admit(_key_rate_key(api_key), limit=key_limit, now=timezone.now().timestamp())
-        if not key_window.admitted:
-            raise QuotaExceeded(
-                "rate_limit_exceeded",
-                f"Rate limit reached: this key's {key_limit} requests per minute.",
-                retry_after=max(1, math.ceil(key_window.free_in_s)),
-            )
-    limit = limits.requests_per_minute
-    window = request_log().admit(_rate_key(user, limits), limit=limit, now=timezone.now().timestamp())
-    if not window.admitted:
-        raise QuotaExceeded(
-            "rate_limit_exceeded",
-            f"Rate limit reached: {limit} requests per minute.",
-            retry_after=max(1, math.ceil(window.free_in_s)),
+        _minute_admit(
+            _key_rate_key(api_key), key_limit, f"Rate limit reached: this key's {key_limit} requests per minute."
         )
+    limit = limits.requests_per_minute
+    count = _minute_admit(_rate_key(user, limits), limit, f"Rate limit reached: {limit} requests per minute.")
     _team_request_count(user, api_key)
-    return window.count
+    return count
 
 
 def _team_request_count(user: User, api_key: ApiKey | None) -> None:
@@ -257,13 +247,17 @@ def _team_request_count(user: User, api_key: ApiKey | None) -> None:
     limit = Team.objects.filter(pk=team_id).values_list("requests_per_minute", flat=True).first()
     if limit is None:
         return
-    window = request_log().admit(f"ratelimit:team:{team_id}", limit=limit, now=timezone.now().timestamp())
+    _minute_admit(f"ratelimit:team:{team_id}", limit, f"Rate limit reached: your team's {limit} requests per minute.")
+
+
+def _minute_admit(key: str, limit: int, refusal: str) -> int:
+    """Count one event in `key`'s window of 60 s (accounts.rate_limit); the events of the
+    window, this one included. QuotaExceeded (rate_limit_exceeded, saying `refusal`, not
+    counted; Retry-After when the oldest event leaves the window) when it holds `limit`."""
+    window = request_log().admit(key, limit=limit, now=timezone.now().timestamp())
     if not window.admitted:
-        raise QuotaExceeded(
-            "rate_limit_exceeded",
-            f"Rate limit reached: your team's {limit} requests per minute.",
-            retry_after=max(1, math.ceil(window.free_in_s)),
-        )
+        raise QuotaExceeded("rate_limit_exceeded", refusal, retry_after=max(1, math.ceil(window.free_in_s)))
+    return window.count
 
 
 def signup_admit(*, address: str | None) -> None:
@@ -271,13 +265,7 @@ def signup_admit(*, address: str | None) -> None:
     CHAT_SIGNUPS_PER_MINUTE in any 60 s, so that one client cannot mint accounts (and their
     quotas) in bulk. Raises QuotaExceeded, Retry-After when a place frees."""
     limit = settings.CHAT_SIGNUPS_PER_MINUTE
-    window = request_log().admit(f"signup:{address}", limit=limit, now=timezone.now().timestamp())
-    if not window.admitted:
-        raise QuotaExceeded(
-            "rate_limit_exceeded",
-            f"Too many new accounts from your address: at most {limit} a minute.",
-            retry_after=max(1, math.ceil(window.free_in_s)),
-        )
+    _minute_admit(f"signup:{address}", limit, f"Too many new accounts from your address: at most {limit} a minute.")
 
 
 def password_reset_admit(*, address: str | None) -> None:
@@ -285,13 +273,11 @@ def password_reset_admit(*, address: str | None) -> None:
     PASSWORD_RESETS_PER_MINUTE in any 60 s, so that the form cannot flood a mailbox (nor
     the mail server). Raises QuotaExceeded, Retry-After when a place frees."""
     limit = settings.PASSWORD_RESETS_PER_MINUTE
-    window = request_log().admit(f"password-reset:{address}", limit=limit, now=timezone.now().timestamp())
-    if not window.admitted:
-        raise QuotaExceeded(
-            "rate_limit_exceeded",
-            f"Too many password resets asked for from your address: at most {limit} a minute.",
-            retry_after=max(1, math.ceil(window.free_in_s)),
-        )
+    _minute_admit(
+        f"password-reset:{address}",
+        limit,
+        f"Too many password resets asked for from your address: at most {limit} a minute.",
+    )
 
 
 def guest_plan() -> Plan:
