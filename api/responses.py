@@ -22,6 +22,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from accounts.models import UsageRecord
 from api.chunks import status_comment
+from api.endpoint import (
+    Caller,
+    api_view,
+    cancel,
+    cancel_quietly,
+    parse,
+    refused,
+    start_while_connected,
+    stream_place,
+)
 from api.errors import ApiError, internal_error
 from api.models import StoredResponse
 from api.response_events import (
@@ -34,20 +44,11 @@ from api.response_events import (
 )
 from api.schemas import ResponseCreateRequest
 from api.services import stored_response_create, stored_response_delete, stored_response_finish, stored_response_get
-from api.views import (
-    Caller,
-    _cancel,
-    _cancel_quietly,
-    _parse,
-    _refused,
-    _start_while_connected,
-    _stream_place,
-    api_view,
-)
 from generation import connection_limits
 from generation.backends import runtime
 from generation.connection_limits import Held
 from generation.refusals import REFUSALS, UNREACHABLE, refusal_of
+from generation.services import Started
 from inference.streams import MAX_SEQUENCE, StreamNotFound
 from infrastructure import sse
 from infrastructure.database import in_database_thread
@@ -70,7 +71,7 @@ class RetrieveQuery(BaseModel):
 
 @api_view("POST")
 async def responses_create(request: HttpRequest, caller: Caller) -> HttpResponseBase:
-    body = _parse(request, ResponseCreateRequest)
+    body = parse(request, ResponseCreateRequest)
     if body.resumable and not body.stored:
         raise ApiError(400, "A background or resumable response needs store: true.", param="store")
     context = await _continued(caller, body.previous_response_id)
@@ -90,11 +91,13 @@ async def responses_create(request: HttpRequest, caller: Caller) -> HttpResponse
         store=body.stored,
     )
     instructions = [{"role": "system", "content": body.instructions}] if body.instructions else []
-    held, served_by = await _start(caller, body, head, [*instructions, *context, *body.input_messages()])
-    head = dataclasses.replace(head, model=served_by)  # a fallback's, where the model could not take it
+    held, started = await _start(caller, body, head, [*instructions, *context, *body.input_messages()])
+    head = dataclasses.replace(head, model=started.model)  # a fallback's, where the model could not take it
     if body.stored:
+        # Its input as the model read it, masked by the content policy: the same for every reader.
+        masked = started.prompt[len(instructions) + len(context) :] if isinstance(started.prompt, list) else []
         await in_database_thread(
-            stored_response_create, user=caller.user, head=head, context=context, input=body.input_messages()
+            stored_response_create, user=caller.user, head=head, context=context, input=masked or body.input_messages()
         )
     if held is not None:
         return _stream(request, caller, head, held, after=-1, cancel_on_disconnect=not body.resumable)
@@ -118,7 +121,7 @@ async def response_detail(request: HttpRequest, caller: Caller, response_id: str
     stored = await _owned(caller, response_id)
     if not query.stream:
         return JsonResponse(response_object(stored.head(), stored.outcome()))
-    held = _stream_place(caller)
+    held = stream_place(caller)
     return _stream(request, caller, stored.head(), held, after=query.starting_after, cancel_on_disconnect=False)
 
 
@@ -126,7 +129,7 @@ async def response_detail(request: HttpRequest, caller: Caller, response_id: str
 async def response_cancel(request: HttpRequest, caller: Caller, response_id: str) -> HttpResponseBase:
     stored = await _owned(caller, response_id)
     if stored.status == StoredResponse.Status.IN_PROGRESS:
-        await _cancel(stored.stream_id)
+        await cancel(stored.stream_id)
         await _ended(stored.stream_id)
         stored = await _owned(caller, response_id)
     return JsonResponse(response_object(stored.head(), stored.outcome()))
@@ -153,12 +156,12 @@ async def _continued(caller: Caller, previous_response_id: str | None) -> list[d
 
 async def _start(
     caller: Caller, body: ResponseCreateRequest, head: ResponseHead, messages: list[dict[str, Any]]
-) -> tuple[Held | None, str]:
+) -> tuple[Held | None, Started]:
     """Admit and start the generation, as a chat completion's: a stream's place, if
-    streamed, and the model that serves it."""
-    held = _stream_place(caller) if body.stream else None
+    streamed, and what started (the model that serves it, the prompt it reads)."""
+    held = stream_place(caller) if body.stream else None
     try:
-        started = await _start_while_connected(
+        started = await start_while_connected(
             held,
             resumable=body.resumable,
             user=caller.user,
@@ -172,9 +175,9 @@ async def _start(
         )
     except REFUSALS as error:
         refusal = refusal_of(error)
-        raise _refused(refusal, param=PARAMS.get(refusal.param or "", refusal.param)) from None
+        raise refused(refusal, param=PARAMS.get(refusal.param or "", refusal.param)) from None
     caller.quota = started.quota
-    return held, started.model
+    return held, started
 
 
 async def _whole(head: ResponseHead) -> dict[str, Any]:
@@ -187,7 +190,7 @@ async def _whole(head: ResponseHead) -> dict[str, Any]:
                 break
     finally:
         if not outcome.finished:  # the client went away (or we failed): don't generate for nobody
-            await _cancel_quietly(head.stream_id)
+            await cancel_quietly(head.stream_id)
     if head.store:
         await in_database_thread(stored_response_finish, response_id=head.id, outcome=outcome)
     if outcome.error is not None:  # as a chat completion's: OpenAI's error object, with its status
@@ -241,7 +244,7 @@ async def _stream_events(
     finally:
         # Django cancels this generator when the client disconnects.
         if not finished and cancel_on_disconnect:
-            await _cancel_quietly(head.stream_id)
+            await cancel_quietly(head.stream_id)
 
 
 async def _ended(stream_id: str) -> None:

@@ -12,7 +12,7 @@ from django.test import Client
 
 from accounts.models import UsageRecord
 from accounts.services import api_key_create
-from api import views
+from api import endpoint, views
 from api.schemas import ChatCompletionRequest, CompletionRequest
 from inference.engine import failure_message
 from inference.generators import SYNTHETIC_TEXT
@@ -131,7 +131,7 @@ def fail_with_a_secret(**kwargs):
 def test_an_unexpected_exception_is_a_500_naming_the_request_and_only_the_log_has_it(
     alice_key, fast_engine, monkeypatch, caplog
 ):
-    monkeypatch.setattr(views, "generation_start", fail_with_a_secret)
+    monkeypatch.setattr(endpoint, "generation_start", fail_with_a_secret)
 
     response = post("/v1/chat/completions", CHAT, alice_key)
 

@@ -12,7 +12,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from accounts.models import Account, UsageRecord
 from accounts.services import account_for, api_key_create
-from api import views as api_views
+from api import endpoint as api_endpoint
 from generation import services
 from generation.models import Conversation, Message
 from inference.generators import GenerationParams, SyntheticGenerator
@@ -303,8 +303,8 @@ def test_an_unreachable_redis_is_a_503_to_retry_not_a_500(alice, alice_key, fast
     def unreachable(**kwargs):
         raise RedisConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
 
-    monkeypatch.setattr(api_views, "generation_start", unreachable)
-    monkeypatch.setattr(api_views, "quota_reported", lambda *args, **kwargs: unreachable())
+    monkeypatch.setattr(api_endpoint, "generation_start", unreachable)
+    monkeypatch.setattr(api_endpoint, "quota_reported", lambda *args, **kwargs: unreachable())
 
     response = post("/v1/chat/completions", CHAT, alice_key)
 

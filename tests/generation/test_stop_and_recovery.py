@@ -13,7 +13,7 @@ from django.urls import reverse
 
 from accounts.models import UsageRecord
 from accounts.services import api_key_create
-from api import views as api_views
+from api import endpoint as api_endpoint
 from generation import connection_limits, services
 from generation.backends import reaping, runtime
 from generation.models import Conversation, Message
@@ -159,7 +159,7 @@ def test_an_api_stream_whose_client_leaves_during_admission_generates_nothing(al
         time.sleep(0.5)  # the client leaves meanwhile
         return services.generation_start(**kwargs)
 
-    monkeypatch.setattr(api_views, "generation_start", slow_start)
+    monkeypatch.setattr(api_endpoint, "generation_start", slow_start)
 
     async def send_then_disconnect() -> list:
         communicator = await api_stream_requested(key)
