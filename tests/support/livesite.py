@@ -79,8 +79,10 @@ class LiveSite:
     """`with LiveSite() as site:` starts migrate + daphne and waits for /readyz.
 
     `database_template`: an SQLite file migrated already, copied instead of migrating again;
-    `static_collected`: collectstatic ran already for this checkout (tests.support.sites
-    does both once per run).
+    `static_root`: a folder static files were collected into already (tests.support.sites
+    does both once per run). Without one the site collects into a folder of its own: a
+    daphne lists its static files as it starts, and must not list them while another
+    site's collectstatic rewrites them.
     """
 
     def __init__(
@@ -90,12 +92,12 @@ class LiveSite:
         root: Path = ROOT,
         *,
         database_template: Path | None = None,
-        static_collected: bool = False,
+        static_root: Path | None = None,
     ) -> None:
         # `root`: the checkout to serve, this one unless a bench compares another revision.
         self.root = root
         self.database_template = database_template
-        self.static_collected = static_collected
+        self.static_collected = static_root is not None
         self._tmp = tempfile.TemporaryDirectory(prefix="chatsite-live-")
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
@@ -104,6 +106,7 @@ class LiveSite:
             "DATABASE_URL": f"sqlite:///{self._tmp.name}/db.sqlite3",
             "DJANGO_SECRET_KEY": "live-test-secret-key-not-for-production-use-0123456789",
             "PYTHONUNBUFFERED": "1",
+            "STATIC_ROOT": str(static_root or Path(self._tmp.name) / "static"),
             # Its own Redis keys: users of its own database must not share rate-limit
             # counters (keyed by user id) with another database's users on the same Redis.
             "REDIS_KEY_PREFIX": f"chatsite-live-{uuid.uuid4().hex[:12]}",

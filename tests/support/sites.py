@@ -31,23 +31,32 @@ class LiveSites:
         key = tuple(sorted((env or {}).items()))
         if key not in self._sites:
             self._sites[key] = self._open.enter_context(
-                LiveSite(dict(key), database_template=self._template(), static_collected=True)
+                LiveSite(dict(key), database_template=self._template(), static_root=self._static_root())
             )
         return self._sites[key]
 
     def own(self, env: Mapping[str, str] | None = None) -> LiveSite:
         """A site for one test to stop, kill or restart (`with live_sites.own(env) as site:`):
         not shared, but started from the same template."""
-        return LiveSite(dict(env or {}), database_template=self._template(), static_collected=True)
+        return LiveSite(dict(env or {}), database_template=self._template(), static_root=self._static_root())
 
     def _template(self) -> Path:
         """An SQLite database migrated once, and static files collected once, for every site."""
         if self._folder is None:
             self._folder = Path(self._open.enter_context(tempfile.TemporaryDirectory(prefix="chatsite-template-")))
-            env = {**os.environ, "DATABASE_URL": f"sqlite:///{self._folder}/db.sqlite3"}
+            env = {
+                **os.environ,
+                "DATABASE_URL": f"sqlite:///{self._folder}/db.sqlite3",
+                "STATIC_ROOT": str(self._folder / "static"),
+            }
             manage(ROOT, env, "migrate", "--noinput")
             manage(ROOT, env, "collectstatic", "--noinput", "--verbosity", "0")
         return self._folder / "db.sqlite3"
+
+    def _static_root(self) -> Path:
+        """This worker's own static files, collected with the template: another worker's
+        sites (or a test's own LiveSite) may be collecting into theirs while these start."""
+        return self._template().parent / "static"
 
     def close(self) -> None:
         self._open.close()
