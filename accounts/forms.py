@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import datetime as dt
 from decimal import Decimal
 from typing import Any
 
@@ -8,12 +9,40 @@ from django.contrib.auth.forms import AuthenticationForm, UserCreationForm, User
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator
+from django.utils import timezone
 
 from accounts.budgets import PERIOD_ADJECTIVES, key_budget_cap
 from accounts.models import KEY_LIMIT_FIELDS, Account, ApiKey, Budget, Limits
 
+# The longest a key may be made to last: its expiry at most this many days ahead.
+MAX_KEY_DAYS = 3650
 
-class ApiKeyCreateForm(forms.Form):
+
+class KeyLimitsForm(forms.Form):
+    """The limits a key may have of its own (KEY_LIMIT_FIELDS), each capped by its owner's:
+    blank, the owner's alone."""
+
+    requests_per_minute = forms.IntegerField(label="Requests per minute", required=False, min_value=1)
+    tokens_per_day = forms.IntegerField(label="Tokens per day", required=False, min_value=1)
+    max_concurrent_streams = forms.IntegerField(label="Answers streaming at once", required=False, min_value=1)
+
+    def __init__(self, *args: Any, limits: Limits | None = None, **kwargs: Any) -> None:
+        """`limits`: the owner's, which a key's own may not pass."""
+        # The labels read exactly "Name", "Requests per minute"… (no colon): browser tests find fields by them.
+        kwargs.setdefault("label_suffix", "")
+        super().__init__(*args, **kwargs)
+        for name in KEY_LIMIT_FIELDS:
+            field = self.fields[name]
+            assert isinstance(field, forms.IntegerField)
+            if limits is not None:
+                most = getattr(limits, name)
+                field.max_value = most
+                field.validators.append(MaxValueValidator(most, message=f"Your plan allows at most {most}."))
+                field.widget.attrs["max"] = most
+            field.help_text = "Blank: your plan's."
+
+
+class ApiKeyCreateForm(KeyLimitsForm):
     name = forms.CharField(
         label="Name",
         max_length=ApiKey._meta.get_field("name").max_length,
@@ -26,27 +55,72 @@ class ApiKeyCreateForm(forms.Form):
         label="Expires after (days)",
         required=False,
         min_value=1,
-        max_value=3650,
+        max_value=MAX_KEY_DAYS,
         help_text="Blank: never.",
     )
-    requests_per_minute = forms.IntegerField(label="Requests per minute", required=False, min_value=1)
-    tokens_per_day = forms.IntegerField(label="Tokens per day", required=False, min_value=1)
-    max_concurrent_streams = forms.IntegerField(label="Answers streaming at once", required=False, min_value=1)
 
-    def __init__(self, *args: Any, limits: Limits | None = None, **kwargs: Any) -> None:
-        """`limits`: the owner's, which a key's own may not pass."""
-        # The label reads exactly "Name" (no colon): browser tests find the field by it.
-        kwargs.setdefault("label_suffix", "")
-        super().__init__(*args, **kwargs)
-        for name in KEY_LIMIT_FIELDS:
-            field = self.fields[name]
-            assert isinstance(field, forms.IntegerField)
-            if limits is not None:
-                most = getattr(limits, name)
-                field.max_value = most
-                field.validators.append(MaxValueValidator(most, message=f"Your plan allows at most {most}."))
-                field.widget.attrs["max"] = most
-            field.help_text = "Blank: your plan's."
+    field_order = ["name", "expires_in_days", *KEY_LIMIT_FIELDS]
+
+
+# The settings of a key its owner may change, besides its budget (KeyBudgetForm).
+KEY_SETTINGS_FIELDS = (*KEY_LIMIT_FIELDS, "expires_at", "allowed_models")
+
+
+class KeySettingsForm(KeyLimitsForm):
+    """A key's limits, expiry and models, as its owner changes them: each limit within the
+    owner's, an expiry to come (or none), models among those the owner may use.
+
+    A value sent back as it was shown stays as it is: an expiry kept to the second (the
+    page shows minutes), a list of models kept in its order, an expiry already past kept
+    past (an expired key is given a new one, or none, like any other)."""
+
+    expires_at = forms.DateTimeField(
+        required=False,
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"),
+        help_text="Blank: never.",
+        error_messages={"invalid": "A date and time, such as 2030-01-31 18:00."},
+    )
+    allowed_models = forms.MultipleChoiceField(
+        label="Models it may use",
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        help_text="None ticked: all of yours.",
+    )
+
+    def __init__(self, *args: Any, key: ApiKey, limits: Limits, models: list[str], **kwargs: Any) -> None:
+        """`models`: those the owner may use (accounts.model_access), which the key's may narrow."""
+        kwargs.setdefault("initial", {name: getattr(key, name) for name in KEY_SETTINGS_FIELDS})
+        super().__init__(*args, limits=limits, **kwargs)
+        self.key = key
+        self.fields["expires_at"].label = f"Expires at ({timezone.get_current_timezone_name()})"
+        # Names the key has that its owner may not use now stay offered, ticked: saving
+        # other settings keeps them (they allow nothing while the owner's list lacks them).
+        kept = [name for name in key.allowed_models or [] if name not in models]
+        self.offered = [*models, *kept]
+        field = self.fields["allowed_models"]
+        assert isinstance(field, forms.MultipleChoiceField)
+        field.choices = [(name, name) for name in models] + [(name, f"{name} (not yours to use now)") for name in kept]
+
+    def clean_expires_at(self) -> dt.datetime | None:
+        value: dt.datetime | None = self.cleaned_data.get("expires_at")
+        current = self.key.expires_at
+        if value is not None and current is not None and value == current.replace(second=0, microsecond=0):
+            return current  # sent back as shown, to the minute: unchanged, past or not
+        if value is None:
+            return None
+        now = timezone.now()
+        if value <= now:
+            raise ValidationError("Give a time to come, or leave it blank for never. To stop the key now, revoke it.")
+        if value > now + dt.timedelta(days=MAX_KEY_DAYS):
+            raise ValidationError(f"At most {MAX_KEY_DAYS} days from now.")
+        return value
+
+    def clean_allowed_models(self) -> list[str]:
+        chosen = set(self.cleaned_data.get("allowed_models") or [])
+        current = list(self.key.allowed_models or [])
+        if chosen == set(current):
+            return current  # as it was, in its order
+        return [name for name in self.offered if name in chosen]
 
 
 class KeyBudgetForm(forms.Form):

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from decimal import Decimal
 from functools import wraps
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser, User
@@ -280,6 +280,17 @@ def password_reset_admit(*, address: str | None) -> None:
     )
 
 
+def signup_open() -> bool:
+    """Sign-up makes password accounts: none while CHAT_SIGNUP is closed or password log-ins are off."""
+    return settings.CHAT_SIGNUP != "closed" and settings.CHAT_PASSWORD_LOGIN
+
+
+def guest_keep_invitation() -> str:
+    """What a guest is invited to do to keep the chat (accounts:guest_keep): sign up where
+    sign-up makes accounts, else log in to one (accounts.guests moves the chat there)."""
+    return "Sign up to keep this chat" if signup_open() else "Log in to keep this chat"
+
+
 def guest_plan() -> Plan:
     """The guests' plan, made by migration 0010 (and here again, should it have gone)."""
     plan, _ = Plan.objects.get_or_create(name=GUEST_PLAN, defaults=GUEST_PLAN_LIMITS)
@@ -324,6 +335,34 @@ def guest_convert(*, user: User, username: str, password: str, active: bool = Tr
     key_cache.api_access_changed()
 
 
+def guest_adopt(*, guest_id: int, user: User, request: HttpRequest | None = None) -> int:
+    """Move a guest's conversations into `user`'s account as they log in to it, then delete
+    the guest; how many moved. Nothing when `guest_id` is not a guest (or is `user`).
+
+    The log-in must not fail here, so the account's max_conversations is not checked: a
+    conversation over the limit still moves, and the plan refuses new ones until one is
+    deleted (conversation_admit), as after an admin lowers a limit. The guest's usage goes
+    with it, as in guest_purge: its tokens were the guest plan's, not the account's.
+    """
+    if user.pk == guest_id or user_is_guest(user):
+        return 0
+    with transaction.atomic():
+        guest = User.objects.select_for_update().filter(pk=guest_id, account__is_guest=True).first()
+        if guest is None:  # not a guest, or adopted already by a log-in racing this one
+            return 0
+        # Through the user's reverse relations: accounts sits below the chat and documents apps.
+        # A conversation takes its messages, feedback, share link and tools with it.
+        moved = guest.conversations.update(user=user)
+        guest.documents.update(user=user)
+        target = target_of(guest, guest.username)
+        changes = {"owner": (guest.username, user.get_username())}
+        guest.delete()
+        audit_record(
+            action=AuditRecord.Action.GUEST_ADOPTED, actor=user, target=target, changes=changes, request=request
+        )
+    return moved
+
+
 def guest_purge(*, now: dt.datetime | None = None) -> int:
     """Delete the guests idle for CHAT_GUEST_TTL_DAYS, with their conversations and usage.
 
@@ -353,7 +392,7 @@ def conversation_admit(*, user: User, kept: int) -> None:
     if limit is None or kept < limit:
         return
     words = "one conversation" if limit == 1 else f"{limit} conversations"
-    advice = "Sign up to keep this chat and start more." if account.is_guest else "Delete one to start another."
+    advice = f"{guest_keep_invitation()} and start more." if account.is_guest else "Delete one to start another."
     raise InvalidRequest(f"Your plan keeps {words} at most. {advice}", code="conversation_limit_reached")
 
 
@@ -655,8 +694,18 @@ def _spend_count(record: UsageRecord, amount: Decimal) -> None:
 
 def usage_spend_today(*, user: User, now: dt.datetime | None = None) -> dict[str, Decimal]:
     """The user's spend on today's (UTC) settled records, by currency."""
+    return spend_of(_records_today(user, now))
+
+
+def usage_tool_calls_today(*, user: User, now: dt.datetime | None = None) -> int:
+    """How many tools the user's answers called today (UTC): tool calls cost what their
+    rounds' tokens cost, and a team watching its spend wants to see them apart."""
+    return _records_today(user, now).aggregate(calls=Coalesce(Sum("tool_calls"), 0))["calls"]
+
+
+def _records_today(user: User, now: dt.datetime | None) -> QuerySet[UsageRecord]:
     midnight = dt.datetime.combine(_ledger_date(now or timezone.now()), dt.time(), tzinfo=dt.UTC)
-    return spend_of(UsageRecord.objects.filter(user=user, created_at__gte=midnight))
+    return UsageRecord.objects.filter(user=user, created_at__gte=midnight)
 
 
 @dataclass(frozen=True)
@@ -818,6 +867,48 @@ def api_key_budget_set(
         if amount is None:
             return None
         return Budget.objects.create(api_key=key, period=period, unit=unit, amount=amount, currency=currency)
+
+
+def api_key_settings_change(
+    *, user: User, key_id: int, fields: dict[str, Any], budget: dict[str, Any], request: HttpRequest | None = None
+) -> bool:
+    """Save what changed of a key's settings (its KEY_LIMIT_FIELDS, expiry, allowed models)
+    and its budget, under the key's row lock: one audit record of {field: [before, after]},
+    and every process reads its keys afresh (accounts.key_cache), as after a revocation.
+    The caller checked them against the owner's (accounts.forms). Whether anything changed;
+    ApiKey.DoesNotExist for a key not the user's or revoked."""
+    with transaction.atomic():
+        key = ApiKey.objects.select_for_update().get(pk=key_id, user=user, revoked_at__isnull=True)
+        changes: dict[str, tuple[Any, Any]] = {
+            name: (getattr(key, name), value) for name, value in fields.items() if getattr(key, name) != value
+        }
+        for name, (_, value) in changes.items():
+            setattr(key, name, value)
+        if changes:
+            key.save(update_fields=list(changes))
+        old = key.budgets.first()
+        if not _same_budget(old, budget):
+            new = api_key_budget_set(key=key, **budget)
+            changes["budget"] = (_budget_shown(old), _budget_shown(new))
+        if not changes:
+            return False
+        audit_record(
+            action=AuditRecord.Action.KEY_CHANGED, target=api_key_target(key), changes=changes, request=request
+        )
+        key_cache.api_access_changed()  # now, and again once this commits
+    return True
+
+
+def _same_budget(old: Budget | None, new: dict[str, Any]) -> bool:
+    """Whether the form's budget is the key's as it is (a budget in tokens has no currency)."""
+    if old is None or new["amount"] is None:
+        return old is None and new["amount"] is None
+    same = (old.period, old.unit, old.amount) == (new["period"], new["unit"], new["amount"])
+    return same and (old.unit == Budget.Unit.TOKENS or old.currency == new["currency"])
+
+
+def _budget_shown(budget: Budget | None) -> str | None:
+    return budget.amount_shown if budget is not None else None
 
 
 def api_key_target(key: ApiKey) -> str:

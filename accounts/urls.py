@@ -37,5 +37,7 @@ urlpatterns = [
     path("email/", views.email, name="email"),
     path("keys/", views.keys, name="keys"),
     path("keys/<int:key_id>/revoke/", views.key_revoke, name="key_revoke"),
-    path("keys/<int:key_id>/budget/", views.key_budget, name="key_budget"),
+    path("keys/<int:key_id>/", views.key_settings, name="key_settings"),
+    # Its budget alone (the page before a key had settings of its own): the same view.
+    path("keys/<int:key_id>/budget/", views.key_settings, {"budget_only": True}, name="key_budget"),
 ]

@@ -14,7 +14,7 @@ from django.contrib.auth.decorators import login_required
 from django.contrib.auth.forms import UserCreationForm
 from django.contrib.auth.models import User
 from django.db.models import Max
-from django.http import HttpRequest, HttpResponse, HttpResponseBase
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse_lazy
 from django.utils import timezone
@@ -23,19 +23,21 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from accounts.client_address import client_ip
 from accounts.decorators import guests_enabled, members_only
-from accounts.forms import ApiKeyCreateForm, EmailForm, KeyBudgetForm, LoginForm, SignupForm
+from accounts.forms import ApiKeyCreateForm, EmailForm, KeyBudgetForm, KeySettingsForm, LoginForm, SignupForm
+from accounts.model_access import usable_models
 from accounts.models import KEY_LIMIT_FIELDS, ApiKey
 from accounts.services import (
     QuotaExceeded,
     account_for,
-    api_key_budget_set,
     api_key_create,
     api_key_revoke,
+    api_key_settings_change,
     guest_convert,
     guest_create,
     password_reset_admit,
     quota_for,
     signup_admit,
+    signup_open,
     user_is_guest,
 )
 from audit.models import AuditRecord
@@ -57,7 +59,7 @@ def signup(request: HttpRequest) -> HttpResponse:
     """Sign-up as CHAT_SIGNUP says: open, waiting for an admin's approval, or closed (403)."""
     if request.user.is_authenticated:
         return redirect("generation:chat")
-    if not _signup_open():
+    if not signup_open():
         return render(request, "accounts/signup_closed.html", status=403)
     form = SignupForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
@@ -124,11 +126,16 @@ class LoginView(PasswordThenCodeLoginView):
     redirect_authenticated_user = True
     form_class = LoginForm
 
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        # A guest logs in here to keep the chat (accounts.guests): only members are sent on.
+        self.redirect_authenticated_user = not user_is_guest(request.user)
+        return super().dispatch(request, *args, **kwargs)
+
     def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
         context = super().get_context_data(**kwargs)
         return {
             **context,
-            "signup_open": _signup_open(),
+            "signup_open": signup_open(),
             "guests_on": settings.CHAT_GUEST,
             "password_login": settings.CHAT_PASSWORD_LOGIN,
             "sso_name": settings.CHAT_OIDC_NAME if settings.CHAT_OIDC_ISSUER else "",
@@ -140,11 +147,6 @@ class LoginView(PasswordThenCodeLoginView):
             response.status_code = 403
             return response
         return super().post(request, *args, **kwargs)
-
-
-def _signup_open() -> bool:
-    """Sign-up makes password accounts: none while CHAT_SIGNUP is closed or password log-ins are off."""
-    return settings.CHAT_SIGNUP != "closed" and settings.CHAT_PASSWORD_LOGIN
 
 
 @guests_enabled
@@ -170,11 +172,13 @@ def guest_start(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_http_methods(["GET", "POST"])
 def guest_keep(request: AuthenticatedHttpRequest) -> HttpResponse:
-    """Sign up to keep this chat: the guest becomes an account, its conversation with it."""
+    """Keep this chat: sign up (the guest becomes an account, its conversation with it), or
+    log in to an account one has (accounts.guests moves the conversation there). No sign-up
+    where it makes no password accounts: CHAT_SIGNUP closed, or CHAT_PASSWORD_LOGIN=0."""
     if not user_is_guest(request.user):
         return redirect("generation:chat")
-    if settings.CHAT_SIGNUP == "closed":
-        return render(request, "accounts/signup_closed.html", status=403)
+    if not signup_open():
+        return _guest_keep_page(request, form=None, status=403 if request.method == "POST" else 200)
     # A copy: the form writes the name it checks onto its instance, and the page shows request.user's.
     guest = User.objects.get(pk=request.user.pk)
     form: UserCreationForm[User] = UserCreationForm(request.POST or None, instance=guest, initial={"username": ""})
@@ -189,8 +193,16 @@ def guest_keep(request: AuthenticatedHttpRequest) -> HttpResponse:
         update_session_auth_hash(request, user)  # the new password would end this session
         request.session.set_expiry(None)  # back to the site's session age
         return redirect("generation:chat")
-    status = 400 if request.method == "POST" else 200
-    context = {"form": form, "approval": settings.CHAT_SIGNUP == "approval"}
+    return _guest_keep_page(request, form=form, status=400 if request.method == "POST" else 200)
+
+
+def _guest_keep_page(request: HttpRequest, *, form: UserCreationForm[User] | None, status: int) -> HttpResponse:
+    context = {
+        "form": form,
+        "approval": settings.CHAT_SIGNUP == "approval",
+        "password_login": settings.CHAT_PASSWORD_LOGIN,
+        "sso_name": settings.CHAT_OIDC_NAME if settings.CHAT_OIDC_ISSUER else "",
+    }
     return render(request, "accounts/guest_keep.html", context, status=status)
 
 
@@ -245,19 +257,41 @@ def key_revoke(request: AuthenticatedHttpRequest, key_id: int) -> HttpResponse:
 @login_required
 @members_only
 @require_http_methods(["GET", "POST"])
-def key_budget(request: AuthenticatedHttpRequest, key_id: int) -> HttpResponse:
-    """The key's budget of its own, within its owner's; a blank amount removes it."""
+def key_settings(request: AuthenticatedHttpRequest, key_id: int, budget_only: bool = False) -> HttpResponse:
+    """A key's settings, which its owner changes: its limits, expiry and models, each within
+    the owner's (KeySettingsForm), and its budget within theirs (KeyBudgetForm); at
+    /budget/, its budget alone. A change applies from the next request on, in every
+    process, and is recorded in the audit trail with the before and after of what changed.
+
+    A team's key (a service account) is its maker's to change here, as its budget is."""
     key = get_object_or_404(ApiKey, pk=key_id, user=request.user, revoked_at__isnull=True)
+    account = account_for(request.user)
+    data = request.POST if request.method == "POST" else None
     current = key.budgets.first()
     initial = {} if current is None else {f: getattr(current, f) for f in ("period", "unit", "amount", "currency")}
-    form = KeyBudgetForm(request.POST or None, initial=initial, account=account_for(request.user))
-    if request.method == "POST" and form.is_valid():
-        saved = api_key_budget_set(key=key, **form.cleaned_data)
-        done = "Saved the budget" if saved else "Removed the budget"
-        messages.success(request, f"{done} of the key “{key.name}”.")
+    budget_form = KeyBudgetForm(data, initial=initial, account=account)
+    form = None
+    if not budget_only:
+        models = usable_models(request.user)
+        form = KeySettingsForm(data, key=key, limits=account.limits, models=models)
+    if data is not None and all([each.is_valid() for each in (form, budget_form) if each is not None]):
+        fields = form.cleaned_data if form is not None else {}
+        try:
+            changed = api_key_settings_change(
+                user=request.user, key_id=key_id, fields=fields, budget=budget_form.cleaned_data, request=request
+            )
+        except ApiKey.DoesNotExist:  # revoked meanwhile
+            raise Http404("No such key.") from None
+        if budget_only:
+            done = "Saved the budget" if budget_form.cleaned_data["amount"] is not None else "Removed the budget"
+            messages.success(request, f"{done} of the key “{key.name}”.")
+        elif changed:
+            messages.success(request, f"Saved the settings of the key “{key.name}”; they apply from its next request.")
+        else:
+            messages.success(request, f"Nothing to change in the key “{key.name}”.")
         return redirect("accounts:keys")
-    status = 400 if request.method == "POST" else 200
-    return render(request, "accounts/key_budget.html", {"form": form, "key": key, "budget": current}, status=status)
+    context = {"form": form, "budget_form": budget_form, "key": key, "budget": current, "budget_only": budget_only}
+    return render(request, "accounts/key_settings.html", context, status=200 if data is None else 400)
 
 
 def _keys_page(

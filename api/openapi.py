@@ -356,6 +356,10 @@ RESPONSE_SCHEMAS: dict[str, Any] = {
                 "additionalProperties": STRING,
                 "description": "Today's (UTC) cost of settled requests by currency, as decimal strings; {} if unpriced",
             },
+            "tool_calls_today": {
+                "type": "integer",
+                "description": "Tools the user's answers called today (UTC), on every channel",
+            },
             "team": {"type": ["string", "null"], "description": "The team the key's requests count against"},
             "budgets": {
                 "type": "array",

@@ -42,6 +42,7 @@ class AuditRecord(models.Model):
         PASSWORD_CHANGED = "password_changed", "password changed"
         KEY_CREATED = "key_created", "API key created"
         KEY_REVOKED = "key_revoked", "API key revoked"
+        KEY_CHANGED = "key_changed", "API key's settings changed"
         REVOKED_KEY_USED = "revoked_key_used", "revoked API key used"
         ADMIN_CHANGE = "admin_change", "changed in the admin"
         ADMIN_DELETE = "admin_delete", "deleted in the admin"
@@ -51,6 +52,7 @@ class AuditRecord(models.Model):
         TWO_FACTOR_DISABLED = "two_factor_disabled", "two-factor turned off"
         RECOVERY_CODES_REGENERATED = "recovery_codes_regenerated", "recovery codes regenerated"
         CLAIMS_APPLIED = "claims_applied", "plan or staff set at log-in"
+        GUEST_ADOPTED = "guest_adopted", "guest's chat kept at log-in"
 
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
     actor = models.ForeignKey(

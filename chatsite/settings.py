@@ -255,6 +255,8 @@ MIDDLEWARE = [
     "django_otp.middleware.OTPMiddleware",
     # A logged-in user who owes a code is asked for it; one who must have two-factor, to set it up.
     "twofactor.middleware.TwoFactorMiddleware",
+    # Notes the session's user before the view: a guest who logs in keeps the chat (accounts.guests).
+    "accounts.guests.GuestLoginMiddleware",
     "chatsite.observability.RequestUserMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",

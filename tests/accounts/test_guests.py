@@ -8,21 +8,36 @@ from importlib import import_module
 
 import pytest
 from django.apps import apps
+from django.conf import settings
+from django.contrib.auth import login
 from django.contrib.auth.models import User
 from django.core.files.uploadedfile import SimpleUploadedFile
-from django.test import Client
+from django.http import HttpResponse
+from django.test import Client, RequestFactory
 from django.urls import reverse
 from django.utils import timezone
 
+from accounts.guests import GuestLoginMiddleware
 from accounts.models import DEFAULT_PLAN, GUEST_PLAN, Account, ApiKey, Plan, UsageRecord
-from accounts.services import QuotaExceeded, api_key_create, guest_create, guest_plan, guest_purge, usage_admit
+from accounts.services import (
+    QuotaExceeded,
+    api_key_create,
+    guest_adopt,
+    guest_create,
+    guest_plan,
+    guest_purge,
+    usage_admit,
+)
 from accounts.tasks import guest_purge_task
-from generation.models import Conversation, Message
+from audit.models import AuditRecord
+from generation.models import Conversation, Feedback, Message
+from tests.sso.conftest import provider, signing_key
 from tests.support import PASSWORD
 from tests.support.api_client import CHAT, assert_error
 from tests.support.chat import HTMX, eager_engine, fast_engine_run_eagerly
+from tests.twofactor.conftest import authenticator_for
 
-__all__ = ["eager_engine", "fast_engine_run_eagerly"]  # fixtures, used by name
+__all__ = ["eager_engine", "fast_engine_run_eagerly", "provider", "signing_key"]  # fixtures, used by name
 
 pytestmark = pytest.mark.django_db
 
@@ -216,12 +231,16 @@ def test_signing_up_from_a_guest_checks_the_form_like_sign_up(guests_on, alice):
     assert User.objects.get(pk=guest.pk).username == guest.username
 
 
-def test_with_signup_closed_a_guest_cannot_convert(guests_on, settings):
+def test_with_signup_closed_a_guest_cannot_convert_but_is_offered_the_log_in(guests_on, settings):
     settings.CHAT_SIGNUP = "closed"
     client, guest = start_guest()
 
     assert client.post(reverse("accounts:guest_keep"), KEEP).status_code == 403
     assert Account.objects.get(user=guest).is_guest
+    page = client.get(reverse("accounts:guest_keep")).content.decode()
+    assert "Log in to keep this chat" in page
+    assert 'name="password1"' not in page
+    assert f'href="{reverse("accounts:login")}?next=' in page
 
 
 def test_with_signup_by_approval_a_converted_guest_waits_for_an_admin(guests_on, settings):
@@ -352,3 +371,180 @@ def test_an_address_streams_one_answer_at_a_time_whichever_of_its_guests_asks():
 
     assert refused.value.code == "too_many_concurrent_streams"
     admit(elsewhere)
+
+
+# A guest who logs in to an account they have keeps the chat (accounts.guests).
+
+
+def guest_with_chat(eager_engine, prompt: str = "Remember the lighthouse", address: str = ADDRESS):
+    client, guest = start_guest(address)
+    assert send(client, prompt).status_code == 200
+    return client, guest, Conversation.objects.get(user=guest)
+
+
+def log_in(client: Client, username: str, password: str = PASSWORD):
+    return client.post(reverse("accounts:login"), {"username": username, "password": password})
+
+
+def adopted_records() -> list[AuditRecord]:
+    return list(AuditRecord.objects.filter(action=AuditRecord.Action.GUEST_ADOPTED))
+
+
+def test_a_guest_sees_the_log_in_page_and_a_member_is_sent_on(guests_on, alice_client):
+    client, _ = start_guest()
+
+    assert client.get(reverse("accounts:login")).status_code == 200
+    assert alice_client.get(reverse("accounts:login")).status_code == 302
+
+
+def test_a_guest_who_logs_in_with_a_password_keeps_the_chat_in_that_account(guests_on, eager_engine, alice):
+    client, guest, conversation = guest_with_chat(eager_engine)
+    answer = conversation.messages.get(role=Message.Role.ASSISTANT)
+    Feedback.objects.create(message=answer, rating=Feedback.Rating.GOOD)
+
+    response = log_in(client, "alice")
+
+    assert response.status_code == 302
+    assert client.session["_auth_user_id"] == str(alice.pk)
+    kept = Conversation.objects.get(pk=conversation.pk)
+    assert kept.user == alice
+    assert list(kept.messages.values_list("role", flat=True).order_by("pk")) == ["user", "assistant"]
+    assert Feedback.objects.get(message=answer).rating == Feedback.Rating.GOOD
+    assert not User.objects.filter(pk=guest.pk).exists()
+    assert not Account.objects.filter(is_guest=True).exists()
+    page = client.get(kept.get_absolute_url())
+    assert page.status_code == 200
+    assert "Remember the lighthouse" in page.content.decode()
+    [record] = adopted_records()
+    assert record.actor == alice
+    assert record.target == f"auth.user:{guest.pk} {guest.username}"
+    assert record.changes == {"owner": [guest.username, "alice"]}
+
+
+def test_a_guest_who_logs_in_with_single_sign_on_keeps_the_chat(guests_on, eager_engine, provider, settings):
+    settings.CHAT_PASSWORD_LOGIN = False
+    ada_claims = {"sub": "sub-ada", "preferred_username": "ada", "email": "ada@example.com"}
+    assert provider.log_in(Client(), **ada_claims).status_code == 302  # ada's account, made before
+    ada = User.objects.get(sso_identities__subject="sub-ada")
+    client, guest, conversation = guest_with_chat(eager_engine)
+
+    response = provider.log_in(client, **ada_claims)
+
+    assert response.status_code == 302
+    assert client.session["_auth_user_id"] == str(ada.pk)
+    assert Conversation.objects.get(pk=conversation.pk).user == ada
+    assert not User.objects.filter(pk=guest.pk).exists()
+    assert len(adopted_records()) == 1
+
+
+def test_with_password_log_in_off_the_keep_page_offers_single_sign_on_and_no_sign_up(
+    guests_on, eager_engine, provider, settings
+):
+    settings.CHAT_PASSWORD_LOGIN = False
+    client, guest, _ = guest_with_chat(eager_engine)
+
+    page = client.get(reverse("accounts:guest_keep"))
+    posted = client.post(reverse("accounts:guest_keep"), KEEP)
+
+    text = page.content.decode()
+    assert page.status_code == 200
+    assert "Log in with Example SSO" in text
+    assert f'href="{reverse("sso:start")}?next=' in text
+    assert "Sign up" not in text
+    assert 'name="password1"' not in text
+    assert posted.status_code == 403
+    assert User.objects.get(pk=guest.pk).username == guest.username
+    assert not User.objects.get(pk=guest.pk).has_usable_password()
+    chat = client.get(reverse("generation:chat")).content.decode()
+    assert "Log in to keep this chat" in chat
+    assert "Sign up to keep this chat" not in chat
+
+
+def test_a_guest_who_logs_in_with_two_factor_keeps_the_chat_once_the_code_is_in(guests_on, eager_engine, alice):
+    _, recovery_codes = authenticator_for(alice)
+    client, guest, conversation = guest_with_chat(eager_engine)
+
+    assert log_in(client, "alice")["Location"] == reverse("twofactor:verify")
+    assert Conversation.objects.get(pk=conversation.pk).user == guest  # the password alone logs no one in
+    assert client.post(reverse("twofactor:verify"), {"code": recovery_codes[0]}).status_code == 302
+
+    assert client.session["_auth_user_id"] == str(alice.pk)
+    assert Conversation.objects.get(pk=conversation.pk).user == alice
+    assert not User.objects.filter(pk=guest.pk).exists()
+
+
+def login_through_django(client: Client, user: User) -> None:
+    """Log `user` in to this client's session as a single sign-on view would: the site's
+    middleware, then django.contrib.auth.login(), whose user_logged_in moves a guest's chat."""
+    request = RequestFactory().get("/")
+    request.session = import_module(settings.SESSION_ENGINE).SessionStore(client.session.session_key)
+    GuestLoginMiddleware(lambda request: HttpResponse()).process_view(request, None, (), {})
+    login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+
+
+def test_a_login_by_djangos_login_moves_the_sessions_guests_chat(guests_on, eager_engine, alice):
+    client, guest, conversation = guest_with_chat(eager_engine)
+
+    login_through_django(client, alice)
+
+    assert Conversation.objects.get(pk=conversation.pk).user == alice
+    assert not User.objects.filter(pk=guest.pk).exists()
+
+
+def test_another_guests_chat_never_moves(guests_on, eager_engine, alice):
+    client, guest, conversation = guest_with_chat(eager_engine)
+    _, other, others = guest_with_chat(eager_engine, "Someone else's secret", OTHER_ADDRESS)
+
+    log_in(client, "alice")
+
+    assert Conversation.objects.get(pk=conversation.pk).user == alice
+    assert Conversation.objects.get(pk=others.pk).user == other
+    assert Account.objects.get(user=other).is_guest
+    assert [record.target for record in adopted_records()] == [f"auth.user:{guest.pk} {guest.username}"]
+
+
+def test_a_guest_who_logged_out_first_leaves_the_chat_behind(guests_on, eager_engine, alice):
+    client, guest, conversation = guest_with_chat(eager_engine)
+    client.post(reverse("accounts:logout"))
+
+    assert log_in(client, "alice").status_code == 302
+
+    assert Conversation.objects.get(pk=conversation.pk).user == guest
+    assert not adopted_records()
+
+
+def test_a_member_who_logs_in_is_unaffected(guests_on, alice, bob):
+    alices = Conversation.objects.create(user=alice, model="smollm2-135m-instruct")
+    bobs = Conversation.objects.create(user=bob, model="smollm2-135m-instruct")
+    client = Client()
+    client.force_login(alice)
+
+    login_through_django(client, bob)  # one member after another in the same session
+    assert log_in(Client(), "alice").status_code == 302
+
+    assert Conversation.objects.get(pk=alices.pk).user == alice
+    assert Conversation.objects.get(pk=bobs.pk).user == bob
+    assert not adopted_records()
+
+
+def test_an_account_at_its_conversation_limit_still_logs_in_and_gets_the_chat(guests_on, eager_engine, alice):
+    Plan.objects.filter(name=DEFAULT_PLAN).update(max_conversations=1)
+    own = Conversation.objects.create(user=alice, model="smollm2-135m-instruct")
+    client, _, conversation = guest_with_chat(eager_engine)
+
+    assert log_in(client, "alice").status_code == 302
+
+    assert set(alice.conversations.values_list("pk", flat=True)) == {own.pk, conversation.pk}
+    refused = send(client, "A third chat")
+    assert refused.status_code == 422
+    assert "Delete one to start another" in refused.content.decode()
+
+
+def test_adopting_into_a_guest_or_oneself_moves_nothing(guests_on, eager_engine):
+    _, guest, conversation = guest_with_chat(eager_engine)
+    other = guest_create(address=OTHER_ADDRESS)
+
+    assert guest_adopt(guest_id=guest.pk, user=other) == 0
+    assert guest_adopt(guest_id=guest.pk, user=guest) == 0
+
+    assert Conversation.objects.get(pk=conversation.pk).user == guest

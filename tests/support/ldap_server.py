@@ -47,8 +47,9 @@ def person_dn(uid: str) -> str:
     return f"uid={uid},{PEOPLE}"
 
 
-def seed_ldif() -> str:
-    entries = [
+def base_entries() -> list[str]:
+    """The directory's root, the service account, and the people and groups units, empty."""
+    return [
         f"dn: {SUFFIX}\nobjectClass: dcObject\nobjectClass: organization\ndc: example\no: Example",
         f"dn: ou=services,{SUFFIX}\nobjectClass: organizationalUnit\nou: services",
         f"dn: {SERVICE_DN}\nobjectClass: organizationalRole\nobjectClass: simpleSecurityObject\ncn: chatsite\n"
@@ -56,6 +57,10 @@ def seed_ldif() -> str:
         f"dn: {PEOPLE}\nobjectClass: organizationalUnit\nou: people",
         f"dn: {GROUPS}\nobjectClass: organizationalUnit\nou: groups",
     ]
+
+
+def seed_ldif() -> str:
+    entries = base_entries()
     for uid, (password, given, surname, _) in USERS.items():
         entries.append(
             f"dn: {person_dn(uid)}\nobjectClass: inetOrgPerson\nuid: {uid}\ncn: {given} {surname}\n"
@@ -68,9 +73,14 @@ def seed_ldif() -> str:
     return "\n\n".join(entries) + "\n"
 
 
-def slapd_conf(folder: Path) -> str:
-    schemas = "".join(f"include {SCHEMAS / name}.schema\n" for name in ("core", "cosine", "nis", "inetorgperson"))
-    return f"""{schemas}
+# nis: posixAccount and posixGroup (RFC 2307). The tests that play Active Directory add a
+# schema of their own (tests/ldap_login/ad.schema): a path, without ".schema", works as a name.
+SCHEMA_NAMES = ("core", "cosine", "nis", "inetorgperson")
+
+
+def slapd_conf(folder: Path, schemas: tuple[str, ...] = SCHEMA_NAMES) -> str:
+    includes = "".join(f"include {SCHEMAS / name}.schema\n" for name in schemas)
+    return f"""{includes}
 modulepath {MODULES}
 moduleload back_mdb
 pidfile {folder}/slapd.pid
@@ -125,16 +135,19 @@ def require_slapd() -> None:
 
 
 @contextmanager
-def ldap_server(timeout_s: float = 30) -> Iterator[Directory]:
-    """`with ldap_server() as directory:` slapd seeded with seed_ldif(), stopped after."""
+def ldap_server(
+    timeout_s: float = 30, *, schemas: tuple[str, ...] = SCHEMA_NAMES, ldif: str | None = None
+) -> Iterator[Directory]:
+    """`with ldap_server() as directory:` slapd seeded with `ldif` (seed_ldif()'s unless
+    given), knowing the `schemas` of /etc/ldap/schema, stopped after."""
     require_slapd()
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="slapd-") as name:
         folder = Path(name)
         (folder / "data").mkdir()
         conf = folder / "slapd.conf"
-        conf.write_text(slapd_conf(folder))
-        (folder / "seed.ldif").write_text(seed_ldif())
+        conf.write_text(slapd_conf(folder, schemas))
+        (folder / "seed.ldif").write_text(seed_ldif() if ldif is None else ldif)
         # Seeded offline, before the server starts: quicker than adding over the network.
         subprocess.run([SLAPADD, "-q", "-f", str(conf), "-l", str(folder / "seed.ldif")], check=True, timeout=60)
         uri = f"ldap://127.0.0.1:{port}"

@@ -3,6 +3,7 @@ keeps the count as it settles, and the admin's usage list shows it."""
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -10,12 +11,14 @@ from typing import Any
 import pytest
 from aiohttp import web
 from django.urls import reverse
+from django.utils import timezone
 
 from accounts.models import UsageRecord
-from accounts.services import account_for, usage_admit, usage_finish
+from accounts.services import account_for, api_key_create, usage_admit, usage_finish
 from inference.engine import GenerationResult, Job
 from inference.streams import InMemoryStreamStore
 from inference.upstream import UpstreamPool, endpoint_from_json
+from tests.support.api_client import get
 from tests.support.engines import wait_for_terminal, wait_until
 from tests.support.mcp_server import MCPToolServer
 from tests.support.upstreams import ScriptedServer, event_stream
@@ -106,3 +109,23 @@ def test_a_settled_record_keeps_its_answers_tool_calls_and_the_admin_lists_them(
     listing = admin_client.get(reverse("admin:accounts_usagerecord_changelist")).content.decode()
     assert "column-tool_calls" in listing
     assert '<td class="field-tool_calls">3</td>' in listing
+
+
+@pytest.mark.django_db(transaction=True)  # the API's view reads on a database thread of its own
+def test_v1_usage_counts_the_callers_tool_calls_of_today_only(alice, bob):
+    for user, calls in ((alice, 3), (alice, 2), (bob, 7)):
+        usage_finish(
+            stream_id=admitted(user),
+            status="complete",
+            finish_reason="stop",
+            prompt_tokens=30,
+            completion_tokens=7,
+            ttft_ms=5,
+            duration_ms=9,
+            tool_calls=calls,
+        )
+    yesterday = timezone.now() - dt.timedelta(days=1)
+    UsageRecord.objects.filter(user=alice, tool_calls=2).update(created_at=yesterday)
+    key = api_key_create(user=alice, name="usage")[1]
+
+    assert get("/v1/usage", key).json()["tool_calls_today"] == 3
