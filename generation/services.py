@@ -32,11 +32,16 @@ from documents.services import retrieval_for
 from generation.backends import runtime
 from generation.backends.dispatch import QUEUE_PRODUCER
 from generation.backends.jobs import engine_thread_task
-from generation.backends.response_cache import CachedAnswer, CacheLookup, response_cache_lookup
+from generation.backends.response_cache import (
+    CachedAnswer,
+    CacheLookup,
+    response_cache_lookup,
+    response_cache_served,
+)
 from generation.backends.router import backend
 from generation.models import Conversation, Message, ModelFallback
 from generation.selectors import MessageTree, chat_history
-from guardrails.services import Scope, answer_rules_for, prompt_check
+from guardrails.services import Scope, answer_rules_for, prompt_check, prompt_masked
 from inference.backend import GenerationTask, LedgerVerdict
 from inference.embedding import available_embedding_models
 from inference.engine import EngineOverloaded, GenerationResult, Job
@@ -166,6 +171,8 @@ class Started:
     quota: Quota
     cache: str | None = None  # "hit" or "miss" where the response cache applies
     model: str = ""  # the model that serves it, a fallback's name where one took it
+    # The prompt as the model reads it (masked by the content policy): what to store of it.
+    prompt: Prompt = ""
 
 
 def generation_admit(
@@ -395,9 +402,11 @@ def _submit(admitted: Admitted, message_id: int | None) -> Started:
         quota=admitted.quota,
         cache=cache.outcome if cache else None,
         model=task.model,
+        prompt=task.prompt,
     )
     if cache is not None and cache.answer is not None:
         _answer_from_cache(task, cache.answer, prompt_tokens=admitted.prompt_tokens)
+        response_cache_served(key=cache.key, stream_id=task.stream_id)
         return started
     if admitted.submitted:
         return started
@@ -506,6 +515,7 @@ def message_send(*, conversation: Conversation, prompt: str, channel: str = "ui"
     path = MessageTree(conversation).thread()
     history = [*chat_history(conversation, path), {"role": "user", "content": prompt}]
     admitted = _answer_admit(conversation, history, channel=channel)
+    prompt = _prompt_stored(conversation, admitted, prompt, channel=channel)
     with transaction.atomic():
         if not conversation.title:
             conversation.title = _first_prompt_title(prompt)
@@ -574,6 +584,7 @@ def message_edit(*, prompt: Message, content: str, channel: str = "ui") -> tuple
     earlier = tree.path(prompt.parent)
     history = [*chat_history(conversation, earlier), {"role": "user", "content": content}]
     admitted = _answer_admit(conversation, history, channel=channel)
+    content = _prompt_stored(conversation, admitted, content, channel=channel)
     with transaction.atomic():
         edited = Message(conversation=conversation, role=Message.Role.USER, content=content, parent=prompt.parent)
         edited.save(root=True)  # a version of a first prompt has no parent either
@@ -602,6 +613,13 @@ def _leaf_save(conversation: Conversation, leaf: Message | None) -> None:
     # concurrent save of its other fields.
     conversation.current_leaf = leaf
     Conversation.objects.filter(pk=conversation.pk).update(current_leaf=leaf)
+
+
+def _prompt_stored(conversation: Conversation, admitted: Admitted, typed: str, *, channel: str) -> str:
+    """What is saved of a typed prompt: masked as the content policy masked it for the
+    model (generation_admit), so that the model and every reader see the same text."""
+    plan = admitted.request.account.plan if admitted.request is not None else None
+    return str(prompt_masked(plan=plan, channel=channel, model=conversation.model, prompt=typed))
 
 
 def _answer_admit(conversation: Conversation, history: list[dict[str, str]], *, channel: str) -> Admitted:

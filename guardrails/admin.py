@@ -5,7 +5,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from accounts.forms import ModelNamesField
-from guardrails import services
+from guardrails import rule_cache, services
 from guardrails.models import PolicyEvent, PolicyRule
 
 
@@ -34,6 +34,16 @@ class PolicyRuleAdmin(admin.ModelAdmin):
         if db_field.name in ("channels", "model_names"):
             kwargs["form_class"] = NamesField
         return super().formfield_for_dbfield(db_field, request, **kwargs)
+
+    # A rule's own save and delete tell every process to read the rules afresh; its plans
+    # are saved after it, and a bulk delete passes no rule's delete(): these tell them too.
+    def save_related(self, request, form, formsets, change):  # type: ignore[no-untyped-def]
+        super().save_related(request, form, formsets, change)
+        rule_cache.policy_rules_changed()
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[PolicyRule]) -> None:
+        super().delete_queryset(request, queryset)
+        rule_cache.policy_rules_changed()
 
 
 @admin.register(PolicyEvent)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 WORDS, REGEX, PII, MODERATION = "words", "regex", "pii", "moderation"
 BLOCK, MASK, FLAG = "block", "mask", "flag"
@@ -41,6 +41,11 @@ class RuleSpec:
     pattern: str  # words: one per line; regex: the expression; pii: kinds, comma-separated
     action: str  # BLOCK, MASK or FLAG
     message: str = ""  # BLOCK: what the user is told; MASK: what a match becomes
+    # A moderation service's (guardrails.moderation): how long it may take, what a failure
+    # means (True: allow), and its Bearer token. Defaults for tasks queued before they were sent.
+    timeout_s: float = 2.0
+    fail_open: bool = True
+    token: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -263,15 +268,35 @@ def _released(policy: TextPolicy, text: str, pos: int, cut: int, into: Applied) 
     return "".join(out)
 
 
+STOPPED = "This answer was stopped by a content policy."
+
+
+class Moderation(Protocol):
+    """A judge of the text the rules let out, which holds it back until judged
+    (guardrails.moderation.AnswerModeration): `add` what the rules released, `take` what is
+    judged clean so far without waiting, `drain` the rest once the answer ends (waiting
+    for its verdicts, each within its rule's timeout). `blocked_by` once it refused."""
+
+    hits: list[Hit]
+    blocked_by: Hit | None
+
+    def add(self, text: str) -> None: ...
+    def take(self) -> str: ...
+    def drain(self) -> str: ...
+
+
 class AnswerGuard:
     """The answer rules on a stream: `feed` each piece, `flush` at the end (inference's
     TextFilter). Once a block rule matched, `blocked` is set, the answer ends with the
-    rule's message, and what comes after is dropped."""
+    rule's message, and what comes after is dropped. With a `moderation`, what the rules
+    let out goes out only once a moderation service judged it."""
 
-    def __init__(self, policy: TextPolicy) -> None:
+    def __init__(self, policy: TextPolicy, moderation: Moderation | None = None) -> None:
         self.policy = policy
-        self.hits: list[Hit] = []
+        self.moderation = moderation
         self.blocked = False
+        self.blocked_by: Hit | None = None
+        self._hits: list[Hit] = []
         self._held = ""
         self._context = ""
         self._shown = False  # whether any text went out: a block's message is set apart from it
@@ -281,36 +306,47 @@ class AnswerGuard:
         return cls(TextPolicy(rules))
 
     @property
-    def blocked_by(self) -> Hit | None:
-        return next((hit for hit in self.hits if hit.rule.action == BLOCK), None)
+    def hits(self) -> list[Hit]:
+        return self._hits + (self.moderation.hits if self.moderation is not None else [])
 
     def feed(self, text: str) -> str:
         if self.blocked:
             return ""
         self._held += text
-        return self._release(final=False)
+        return self._emit(*self._release(final=False), final=False)
 
     def flush(self) -> str:
         if self.blocked:
             return ""
-        return self._release(final=True)
+        return self._emit(*self._release(final=True), final=True)
 
-    def _release(self, *, final: bool) -> str:
+    def _release(self, *, final: bool) -> tuple[str, Hit | None]:
+        """The text the rules let out now, and the block that ended it, if one did."""
         text = self._context + self._held
         base = len(self._context)
         cut = len(text) if final else self.policy.held_from(text, base)
         if cut <= base and not final:
-            return ""
+            return "", None
         applied = Applied("")
         out = _released(self.policy, text, base, cut, applied)
-        self.hits += applied.hits
-        if applied.blocked_by is not None:
-            self.blocked = True
-            self._held = ""
-            message = applied.blocked_by.rule.message or "This answer was stopped by a content policy."
-            return out + ("\n\n" if out or self._shown else "") + message
-        self._shown = self._shown or bool(out)
+        self._hits += applied.hits
         end = applied.end
         self._context = text[max(0, end - CONTEXT) : end]
-        self._held = text[end:]
-        return out
+        self._held = "" if applied.blocked_by is not None else text[end:]
+        return out, applied.blocked_by
+
+    def _emit(self, out: str, block: Hit | None, *, final: bool) -> str:
+        """What goes out of what the rules released: once judged, where a moderation
+        service judges it (all of it, waiting, at the end or before a block's message)."""
+        if self.moderation is not None:
+            self.moderation.add(out)
+            out = self.moderation.drain() if final or block is not None else self.moderation.take()
+            if self.moderation.blocked_by is not None:
+                if block is not None:  # it matched text after the refused piece: never reached
+                    self._hits.remove(block)
+                block = self.moderation.blocked_by
+        if block is None:
+            self._shown = self._shown or bool(out)
+            return out
+        self.blocked, self.blocked_by = True, block
+        return out + ("\n\n" if out or self._shown else "") + (block.rule.message or STOPPED)

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
-from guardrails import matching
+from guardrails import matching, rule_cache
 
 
 class Stage(models.TextChoices):
@@ -68,7 +70,8 @@ class PolicyRule(models.Model):
     moderation_fail_open = models.BooleanField(
         "allow when the service fails",
         default=True,
-        help_text="When the service is slow or down: allow the prompt (checked) or apply the action (unchecked).",
+        help_text="When the service is slow or down: allow the text, prompt or answer (checked), or apply the "
+        "action (unchecked).",
     )
 
     class Meta:
@@ -77,12 +80,23 @@ class PolicyRule(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        super().save(*args, **kwargs)
+        rule_cache.policy_rules_changed()  # every process applies it at its next admission
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        deleted = super().delete(*args, **kwargs)
+        rule_cache.policy_rules_changed()
+        return deleted
+
     def clean(self) -> None:
         if self.matcher == matching.MODERATION:
             if not self.pattern.startswith(("http://", "https://")):
                 raise ValidationError({"pattern": "A moderation service's URL: http://… or https://…"})
             if self.action == Action.MASK:
-                raise ValidationError({"action": "A moderation service judges a whole text: block or flag."})
+                raise ValidationError(
+                    {"action": "A moderation service judges a whole text and finds no words to mask: block or flag."}
+                )
             return
         try:
             matching.validate_rule(self.spec())
@@ -93,7 +107,17 @@ class PolicyRule(models.Model):
             raise ValidationError({"channels": f"Unknown channels: {', '.join(sorted(unknown))}."})
 
     def spec(self) -> matching.RuleSpec:
-        return matching.RuleSpec(self.pk or 0, self.name, self.matcher, self.pattern, self.action, self.message)
+        return matching.RuleSpec(
+            self.pk or 0,
+            self.name,
+            self.matcher,
+            self.pattern,
+            self.action,
+            self.message,
+            timeout_s=self.moderation_timeout_s,
+            fail_open=self.moderation_fail_open,
+            token=self.moderation_token,
+        )
 
 
 class PolicyEvent(models.Model):

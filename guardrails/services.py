@@ -3,10 +3,12 @@ the producer, matches recorded and counted, the review queue's decisions.
 
 A prompt is checked whole, before its request counts against any limit: a block refuses
 it (an InvalidRequest with the code `content_policy_violation`, which every channel shows
-in its own way), a mask changes what the model reads. An answer's rules go with its task
-(`answer_rules_for`) and run inside the producer (guardrails.matching.AnswerGuard), so the
-stream store, and through it every reader, the saved answer and the response cache, only
-ever hold the masked text.
+in its own way), a mask changes what the model reads, and what is stored of it
+(`prompt_masked`). An answer's rules go with its task (`answer_rules_for`) and run inside
+the producer (guardrails.matching.AnswerGuard, with guardrails.moderation for moderation
+services), so the stream store, and through it every reader, the saved answer and the
+response cache, only ever hold the masked, judged text. The rules are read once per
+process and version (guardrails.rule_cache), not at every admission.
 """
 
 from __future__ import annotations
@@ -16,13 +18,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import requests
 from django.apps import apps
 from prometheus_client import Counter
 
 from accounts.models import Plan, UsageRecord
 from accounts.services import InvalidRequest
-from guardrails import matching
+from guardrails import matching, moderation, rule_cache
+from guardrails.cached_answers import cached_answers_evict
 from guardrails.models import Action, PolicyEvent, PolicyRule, Stage
 from inference.generators import Prompt
 
@@ -56,31 +58,57 @@ class Scope:
     stream_id: str = ""  # the generation it would start
 
 
+@dataclass(frozen=True)
+class _EnabledRule:
+    """A rule as each process remembers it: read-only, its plans' ids read with it."""
+
+    rule: PolicyRule
+    plan_ids: frozenset[int]
+
+
 def rules_for(*, stage: str, scope: Scope) -> list[PolicyRule]:
     """The enabled rules for `stage` (prompt or answer) in `scope`, in order."""
-    rules = PolicyRule.objects.filter(enabled=True, stage__in=[stage, Stage.BOTH]).prefetch_related("plans")
-    return [rule for rule in rules if _in_scope(rule, scope)]
+    return [
+        enabled.rule
+        for enabled in _enabled_rules()
+        if enabled.rule.stage in (stage, Stage.BOTH) and _in_scope(enabled, scope)
+    ]
 
 
-def _in_scope(rule: PolicyRule, scope: Scope) -> bool:
-    plans = [plan.pk for plan in rule.plans.all()]
+def _enabled_rules() -> list[_EnabledRule]:
+    version = rule_cache.rules_version()
+    enabled = rule_cache.remembered_rules(version)
+    if enabled is None:
+        rules = PolicyRule.objects.filter(enabled=True).prefetch_related("plans")
+        enabled = [_EnabledRule(rule, frozenset(plan.pk for plan in rule.plans.all())) for rule in rules]
+        rule_cache.remember_rules(version, enabled)
+    return enabled
+
+
+def _in_scope(enabled: _EnabledRule, scope: Scope) -> bool:
+    rule = enabled.rule
     return (
-        (not plans or scope.plan_id in plans)
+        (not enabled.plan_ids or scope.plan_id in enabled.plan_ids)
         and (not rule.channels or scope.channel in rule.channels)
         and (not rule.model_names or scope.model in rule.model_names)
     )
 
 
 def answer_rules_for(*, scope: Scope) -> tuple[dict[str, Any], ...]:
-    """The answer rules a task carries to its producer, as JSON (moderation services judge
-    prompts only: an answer cannot wait on one per token)."""
-    rules = rules_for(stage=Stage.ANSWER, scope=scope)
-    return tuple(rule.spec().to_json() for rule in rules if rule.matcher != PolicyRule.Matcher.MODERATION)
+    """The answer rules a task carries to its producer, as JSON (a moderation service's
+    token included: the task travels through the site's own broker, as its prompt does)."""
+    return tuple(rule.spec().to_json() for rule in rules_for(stage=Stage.ANSWER, scope=scope))
 
 
 def answer_guard(rules: Iterable[dict[str, Any]]) -> matching.AnswerGuard | None:
+    """The producer's guard of an answer: the text rules, then the moderation services."""
     specs = [matching.RuleSpec.from_json(rule) for rule in rules]
-    return matching.AnswerGuard.of(specs) if specs else None
+    if not specs:
+        return None
+    judges = [spec for spec in specs if spec.matcher == matching.MODERATION]
+    return matching.AnswerGuard(
+        matching.TextPolicy(specs), moderation=moderation.AnswerModeration(judges) if judges else None
+    )
 
 
 # -- prompts -------------------------------------------------------------------------------
@@ -138,19 +166,18 @@ def moderation_flags(rule: PolicyRule, text: str) -> bool:
     """Whether the rule's moderation service (OpenAI's /v1/moderations shape) flags `text`.
     A service that is slow past the rule's timeout, down or answers nonsense flags it only
     where the rule fails closed."""
-    headers = {"Authorization": f"Bearer {rule.moderation_token}"} if rule.moderation_token else {}
-    try:
-        response = requests.post(rule.pattern, json={"input": text}, headers=headers, timeout=rule.moderation_timeout_s)
-        response.raise_for_status()
-        results = response.json()["results"]
-        return any(bool(result["flagged"]) for result in results)
-    except (requests.RequestException, ValueError, KeyError, TypeError) as error:
-        logger.warning("Moderation rule %r: its service failed (%s); %s", rule.name, error, _failure_word(rule))
-        return not rule.moderation_fail_open
+    return moderation.moderation_verdict(rule.spec(), text)
 
 
-def _failure_word(rule: PolicyRule) -> str:
-    return "allowed" if rule.moderation_fail_open else f"{rule.action}ed as if flagged"
+def prompt_masked(*, plan: Plan | None, channel: str, model: str, prompt: Prompt) -> Prompt:
+    """A prompt that prompt_check let through, as it made it for the model: what to store
+    of it, so that the model and every reader see the same text. Records nothing (the
+    check did); a typed message alone is masked as it was within the whole prompt."""
+    rules = rules_for(stage=Stage.PROMPT, scope=Scope(plan.pk if plan else None, channel, model))
+    policy = matching.TextPolicy(rule.spec() for rule in rules)
+    if not policy:
+        return prompt
+    return _with_texts(prompt, {index: policy.apply(text).text for index, text in _checked_texts(prompt).items()})
 
 
 # -- answers -------------------------------------------------------------------------------
@@ -211,8 +238,10 @@ def policy_event_keep(*, event: PolicyEvent) -> None:
 
 
 def policy_event_redact(*, event: PolicyEvent) -> None:
-    """Replace the flagged text with REDACTED wherever it is stored: the chat message and the event."""
+    """Replace the flagged text with REDACTED wherever it is stored: the chat message, its
+    share links and the event; the response cache's copy is evicted."""
     message = _flagged_message(event)
+    _cached_copies_evict(event, message)
     if message is not None and event.excerpt:
         _message_rewrite(message, lambda text: text.replace(event.excerpt, REDACTED))
     event.excerpt, event.review = REDACTED, PolicyEvent.Review.REDACTED
@@ -220,13 +249,21 @@ def policy_event_redact(*, event: PolicyEvent) -> None:
 
 
 def policy_event_delete(*, event: PolicyEvent) -> None:
-    """Remove the flagged message's whole text (the message stays, so its thread holds)."""
+    """Remove the flagged message's whole text (the message stays, so its thread holds);
+    the response cache's copy is evicted."""
     message = _flagged_message(event)
+    _cached_copies_evict(event, message)
     if message is not None:
         before = message.content
         _message_rewrite(message, lambda text: REMOVED if text == before else text)
     event.excerpt, event.review = "", PolicyEvent.Review.DELETED
     event.save(update_fields=["excerpt", "review"])
+
+
+def _cached_copies_evict(event: PolicyEvent, message: Any) -> None:
+    # The event's stream is the answer it was found in, or the answer to its prompt; the
+    # message's, where it is an answer, the same or one replayed from the cache.
+    cached_answers_evict(stream_ids=[event.stream_id, getattr(message, "stream_id", None) or ""])
 
 
 def _message_rewrite(message: Any, rewrite: Callable[[str], str]) -> None:

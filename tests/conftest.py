@@ -15,6 +15,7 @@ from django.test import Client, override_settings
 from accounts import rate_limit
 from accounts.models import DEFAULT_PLAN, Plan
 from generation.backends import runtime
+from guardrails.rule_cache import forget_rules
 from inference.engine import Engine
 from inference.generators import Generator, SyntheticGenerator, load_generator
 from inference.registry import resolve_model
@@ -167,6 +168,13 @@ def _requests_counted_afresh(settings, monkeypatch):
     if settings.REDIS_URL:
         prefix = f"{settings.REDIS_KEY_PREFIX}-test-{uuid.uuid4().hex[:12]}"  # its keys expire in 60 s
         settings.CACHES = {"default": {**settings.CACHES["default"], "KEY_PREFIX": prefix}}
+
+
+@pytest.fixture(autouse=True)
+def _policy_rules_read_afresh() -> None:
+    # Each process remembers the policy rules under a version in the cache; a test's rules
+    # roll back with its database while the in-memory cache lives on.
+    forget_rules()
 
 
 @pytest.fixture

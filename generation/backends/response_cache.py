@@ -9,7 +9,9 @@ Entries live in Django's default cache: Redis when REDIS_URL is set (shared by e
 process), else this process's memory. The key is a hash of the model, the prompt, every
 generation parameter and, with CHAT_RESPONSE_CACHE=user (the default), the user: one
 user's answers are never served to another. The cache only ever saves work: an entry
-that cannot be read or written is a miss, never a failed request.
+that cannot be read or written is a miss, never a failed request. Each stream filled or
+served from an entry is noted with its key (guardrails.cached_answers), so that the
+review queue's redaction or deletion of its text evicts the entry.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from django.conf import settings
 from django.core.cache import cache
 
 from generation.backends import runtime
+from guardrails.cached_answers import cached_answer_note
 from inference.engine import GenerationResult
 from inference.generators import GenerationParams, Prompt
 
@@ -144,4 +147,10 @@ def response_cache_fill(*, key: str, stream_id: str, result: GenerationResult) -
     except Exception:
         logger.warning("Could not write the response cache", exc_info=True)
         return False
+    cached_answer_note(stream_id=stream_id, key=key, timeout=settings.CHAT_RESPONSE_CACHE_TTL)
     return True
+
+
+def response_cache_served(*, key: str, stream_id: str) -> None:
+    """Note that `stream_id` replays the entry `key`: a redaction of its text evicts the entry."""
+    cached_answer_note(stream_id=stream_id, key=key, timeout=settings.CHAT_RESPONSE_CACHE_TTL)

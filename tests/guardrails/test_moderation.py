@@ -1,68 +1,24 @@
-"""A moderation service (OpenAI's /v1/moderations shape) as a rule: a real local HTTP server
-that flags, answers slowly, or is not there at all."""
+"""A moderation service (OpenAI's /v1/moderations shape) as a rule, on prompts and on answers:
+a real local HTTP server (tests/guardrails/conftest.py) that flags, answers slowly, or is
+not there at all."""
 
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from django.urls import reverse
 
 from accounts.models import UsageRecord
 from accounts.services import api_key_create
+from generation import services as chat
 from guardrails.models import PolicyEvent, PolicyRule
+from tests.guardrails.moderation_server import SLOW_S, ModerationHandler
 from tests.support.api_client import MODEL, assert_error, post
+from tests.support.engines import wait_for_terminal
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-SLOW_S = 2.0
-
-
-class ModerationHandler(BaseHTTPRequestHandler):
-    """Flags any input with "forbidden" in it; /slow/ answers after SLOW_S seconds."""
-
-    seen: list[dict] = []
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        self.seen.append({"body": body, "authorization": self.headers.get("Authorization")})
-        if self.path.startswith("/slow/"):
-            time.sleep(SLOW_S)
-        flagged = "forbidden" in body["input"]
-        answer = json.dumps({"id": "modr-1", "model": "test", "results": [{"flagged": flagged, "categories": {}}]})
-        try:
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(answer.encode())
-        except (BrokenPipeError, ConnectionResetError):  # the client gave up at its timeout, as it should
-            pass
-
-    def log_message(self, *args) -> None:
-        pass
-
-
-@pytest.fixture
-def moderation() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), ModerationHandler)
-    ModerationHandler.seen = []
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-
-
-@pytest.fixture
-def down_url() -> str:
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    return f"http://127.0.0.1:{port}/v1/moderations"
 
 
 @pytest.fixture
@@ -132,3 +88,80 @@ def test_a_service_that_is_down_allows_or_refuses_as_its_rule_says(alice_key, fa
     response, _ = ask(alice_key, "anything")
 
     assert response.status_code == status, response.content
+
+
+# -- answers -------------------------------------------------------------------------------
+
+# The synthetic model's answer (12 words, no sentence end): one piece, judged as it ends.
+ANSWER = "Streaming tokens one at a time lets people read the answer while"
+
+
+def answer_of(key: str, **fields) -> dict:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hello"}], **fields}
+    response = post("/v1/chat/completions", body, key)
+    assert response.status_code == 200, response.content
+    return response.json()["choices"][0]
+
+
+@pytest.mark.parametrize("stage", ["answer", "both"])
+def test_an_answer_the_service_flags_ends_with_the_policys_message(alice, alice_key, fast_engine, moderation, stage):
+    ModerationHandler.flag_word = "people"
+    moderated(f"{moderation}/v1/moderations", stage=stage, message="Not shown.", moderation_token="t0k")
+
+    choice = answer_of(alice_key)
+
+    assert (choice["message"]["content"], choice["finish_reason"]) == ("Not shown.", "content_filter")
+    record = UsageRecord.objects.get(user=alice)
+    events = fast_engine.store.events(record.stream_id)
+    assert "people" not in json.dumps([event.data for event in events])  # not even in the stream store
+    event = PolicyEvent.objects.get()
+    assert (event.stage, event.action, event.excerpt, event.user) == ("answer", "block", ANSWER, alice)
+    inputs = [seen["body"]["input"] for seen in ModerationHandler.seen]
+    assert inputs[-1] == ANSWER and ModerationHandler.seen[-1]["authorization"] == "Bearer t0k"
+
+
+def test_a_prompt_only_service_does_not_judge_answers(alice_key, fast_engine, moderation):
+    ModerationHandler.flag_word = "people"
+    moderated(f"{moderation}/v1/moderations", stage="prompt")
+
+    assert answer_of(alice_key)["message"]["content"] == ANSWER
+    assert [seen["body"]["input"] for seen in ModerationHandler.seen] == ["Hello"]
+
+
+def test_a_flagged_chat_answer_is_queued_whole_and_its_redaction_replaces_it(
+    alice, admin_client, fast_engine, moderation
+):
+    ModerationHandler.flag_word = "people"
+    moderated(f"{moderation}/v1/moderations", stage="answer", action="flag")
+    _, answer = chat.message_send(conversation=chat.conversation_create(user=alice), prompt="Hello")
+    wait_for_terminal(fast_engine.store, answer.stream_id)
+    answer.refresh_from_db()
+    event = PolicyEvent.objects.get()
+    assert answer.content == ANSWER  # a flag lets it out
+    assert (event.message_id, event.excerpt, event.action) == (answer.pk, ANSWER, "flag")
+
+    admin_client.post(
+        reverse("admin:guardrails_policyevent_changelist"), {"action": "redact", "_selected_action": [event.pk]}
+    )
+
+    answer.refresh_from_db()
+    assert answer.content == "[redacted]"
+
+
+@pytest.mark.parametrize(("fail_open", "content"), [(True, ANSWER), (False, "Stopped by moderation.")])
+def test_an_answer_whose_service_is_down_streams_or_stops_as_its_rule_says(
+    alice_key, fast_engine, down_url, fail_open, content
+):
+    moderated(down_url, stage="answer", moderation_fail_open=fail_open, message="Stopped by moderation.")
+
+    assert answer_of(alice_key)["message"]["content"] == content
+
+
+def test_a_slow_service_holds_an_answer_back_no_longer_than_its_timeout(alice_key, fast_engine, moderation):
+    moderated(f"{moderation}/slow/v1/moderations", stage="answer", moderation_timeout_s=0.3)
+
+    started = time.monotonic()
+    content = answer_of(alice_key)["message"]["content"]
+
+    assert content == ANSWER  # it fails open
+    assert time.monotonic() - started < SLOW_S

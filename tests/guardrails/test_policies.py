@@ -12,13 +12,18 @@ import openai
 import pytest
 from asgiref.sync import sync_to_async
 from django.core.asgi import get_asgi_application
+from django.core.cache import cache
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from accounts.models import Account, Plan, UsageRecord
 from accounts.services import account_for, api_key_create
+from api.models import StoredResponse
 from generation import services as chat
 from generation.models import Conversation, Message
 from generation.sharing import shared_link_publish
+from guardrails import rule_cache
 from guardrails.models import PolicyEvent, PolicyRule
 from inference.generators import SYNTHETIC_TEXT, SyntheticGenerator
 from tests.support.api_client import MODEL, assert_error, get, post, sse
@@ -339,3 +344,200 @@ def test_a_flagged_chat_prompt_is_queued_and_redacted_in_the_saved_prompt(alice,
 
     prompt.refresh_from_db()
     assert prompt.content == "A [redacted], hello"
+
+
+# -- the response cache after a redaction --------------------------------------------------
+
+
+@pytest.fixture
+def response_cache(settings) -> None:
+    settings.CHAT_RESPONSE_CACHE = "user"
+    settings.CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": uuid.uuid4().hex}
+    }
+
+
+@pytest.mark.parametrize("action", ["redact", "delete_text"])
+def test_a_redaction_evicts_the_cached_answer_so_it_is_not_replayed(
+    alice_key, admin_client, fast_engine, response_cache, action
+):
+    rule(name="people watch", pattern="people", stage="answer", action="flag")
+    body = chat_body(stream=True, temperature=0)
+    first = post("/v1/chat/completions", body, alice_key)
+    streamed_text(first)
+    again = post("/v1/chat/completions", body, alice_key)
+    assert (first["x-chatsite-cache"], streamed_text(again)[0], again["x-chatsite-cache"]) == ("miss", ANSWER, "hit")
+
+    admin_client.post(
+        reverse("admin:guardrails_policyevent_changelist"),
+        {"action": action, "_selected_action": [PolicyEvent.objects.get().pk]},
+    )
+    later = post("/v1/chat/completions", body, alice_key)
+
+    assert later["x-chatsite-cache"] == "miss"  # generated again, not replayed from the cache
+    streamed_text(later)
+
+
+def test_a_redacted_prompts_answer_is_evicted_even_when_it_was_served_from_the_cache(
+    alice_key, admin_client, fast_engine, response_cache
+):
+    body = chat_body("A secret, hello", stream=True, temperature=0)
+    streamed_text(post("/v1/chat/completions", body, alice_key))
+    rule(name="secrets watch", pattern="secret", stage="prompt", action="flag")
+    served = post("/v1/chat/completions", body, alice_key)  # the rule joins no key: a prompt rule
+    streamed_text(served)
+    assert served["x-chatsite-cache"] == "hit"
+
+    admin_client.post(
+        reverse("admin:guardrails_policyevent_changelist"),
+        {"action": "redact", "_selected_action": [PolicyEvent.objects.get().pk]},
+    )
+
+    assert post("/v1/chat/completions", body, alice_key)["x-chatsite-cache"] == "miss"
+
+
+# -- a masked prompt is stored masked ------------------------------------------------------
+
+
+@pytest.fixture
+def emails_masked() -> PolicyRule:
+    return rule(name="personal data", matcher="pii", pattern="email", stage="prompt")
+
+
+@pytest.fixture
+def listening(stream_store):
+    """An engine that keeps the prompts its model was given."""
+    seen: list = []
+
+    class Listening(SyntheticGenerator):
+        def generate(self, prompt, params, on_token, should_stop):
+            seen.append(prompt)
+            return super().generate(prompt, params, on_token, should_stop)
+
+    engine = install_engine(stream_store, Listening(tokens_per_s=500, answer_words=3), scheduler="sequential")
+    yield seen
+    engine.stop(5)
+
+
+def test_a_masked_chat_prompt_is_saved_as_the_model_read_it(alice, listening, emails_masked, stream_store):
+    conversation = chat.conversation_create(user=alice)
+
+    prompt, answer = chat.message_send(conversation=conversation, prompt="Write to alice@example.com now.")
+    wait_for_terminal(stream_store, answer.stream_id)
+    conversation.refresh_from_db()
+
+    assert prompt.content == listening[0][-1]["content"] == "Write to [email] now."
+    assert Message.objects.get(pk=prompt.pk).content == "Write to [email] now."
+    assert "alice@" not in conversation.title
+
+
+def test_an_edited_prompt_is_saved_masked(alice, listening, emails_masked, stream_store):
+    conversation = chat.conversation_create(user=alice)
+    prompt, answer = chat.message_send(conversation=conversation, prompt="Hello")
+    wait_for_terminal(stream_store, answer.stream_id)
+
+    edited, answer = chat.message_edit(prompt=prompt, content="Mail bob@example.com instead")
+    wait_for_terminal(stream_store, answer.stream_id)
+
+    assert Message.objects.get(pk=edited.pk).content == listening[-1][-1]["content"] == "Mail [email] instead"
+
+
+def test_a_prompt_posted_in_the_chat_page_shows_masked(alice, alice_client, listening, emails_masked):
+    response = alice_client.post(reverse("generation:chat"), {"prompt": "Write to alice@example.com now."}, **HTMX)
+
+    assert response.status_code == 200, response.content.decode()[:2000]
+    assert Message.objects.get(role="user").content == "Write to [email] now."
+    assert "alice@example.com" not in response.content.decode()
+
+
+def test_a_stored_response_keeps_its_input_masked(alice_key, listening, emails_masked):
+    body = {"model": MODEL, "input": "Write to alice@example.com now.", "max_output_tokens": 3}
+
+    response = post("/v1/responses", body, alice_key)
+
+    assert response.status_code == 200, response.content
+    stored = StoredResponse.objects.get()
+    assert stored.input == [{"role": "user", "content": "Write to [email] now."}]
+    assert listening[0][-1]["content"] == "Write to [email] now."
+
+
+# -- rules read once per process -----------------------------------------------------------
+
+
+def test_an_admission_reads_no_rules_from_the_database_once_they_are_remembered(alice_key, fast_engine):
+    rule(name="no people", pattern="people", stage="answer", message="[who]")
+    rule(name="no codes", pattern="launch codes", stage="prompt", action="block")
+    assert post("/v1/chat/completions", chat_body(max_tokens=2), alice_key).status_code == 200  # reads them
+
+    with CaptureQueriesContext(connection) as admission:
+        response = post("/v1/chat/completions", chat_body(max_tokens=2), alice_key)
+
+    assert response.status_code == 200
+    assert not [query["sql"] for query in admission.captured_queries if "guardrails_policyrule" in query["sql"]]
+
+
+def test_a_rule_changed_in_another_process_applies_at_the_next_request(alice_key, fast_engine):
+    rule(name="no hello", pattern="hello", stage="prompt", action="block", enabled=False)
+    assert post("/v1/chat/completions", chat_body(max_tokens=2), alice_key).status_code == 200
+
+    PolicyRule.objects.update(enabled=True)  # behind the model's back: nobody was told
+    cache.set(rule_cache.VERSION_KEY, "another process saved a rule")  # as its save tells every process
+
+    assert_error(post("/v1/chat/completions", chat_body(max_tokens=2), alice_key), 400, "content_policy_violation")
+
+
+def admin_form(**fields) -> dict:
+    return {
+        "name": "no hello",
+        "position": "0",
+        "enabled": "on",
+        "matcher": "words",
+        "pattern": "hello",
+        "stage": "prompt",
+        "action": "block",
+        "message": "",
+        "channels": "",
+        "model_names": "",
+        "moderation_timeout_s": "2",
+        "moderation_fail_open": "on",
+        **fields,
+    }
+
+
+def hello(key: str):
+    return post("/v1/chat/completions", chat_body("hello", max_tokens=2), key)
+
+
+def test_a_rule_added_in_the_admin_applies_to_the_next_request(alice_key, admin_client, fast_engine):
+    assert hello(alice_key).status_code == 200  # the rules (none) are remembered
+
+    added = admin_client.post(reverse("admin:guardrails_policyrule_add"), admin_form())
+
+    assert added.status_code == 302
+    assert_error(hello(alice_key), 400, "content_policy_violation")
+
+
+def test_a_plan_given_to_a_rule_in_the_admin_narrows_it_at_once(alice_key, admin_client, fast_engine):
+    blocking = rule(name="no hello", pattern="hello", stage="prompt", action="block")
+    assert hello(alice_key).status_code == 400
+    guests = Plan.objects.create(name="guests")
+
+    changed = admin_client.post(
+        reverse("admin:guardrails_policyrule_change", args=[blocking.pk]), admin_form(plans=[guests.pk])
+    )
+
+    assert changed.status_code == 302
+    assert hello(alice_key).status_code == 200  # alice's plan is not the rule's any more
+
+
+def test_rules_deleted_together_in_the_admin_stop_applying_at_once(alice_key, admin_client, fast_engine):
+    blocking = rule(name="no hello", pattern="hello", stage="prompt", action="block")
+    assert hello(alice_key).status_code == 400
+
+    admin_client.post(
+        reverse("admin:guardrails_policyrule_changelist"),
+        {"action": "delete_selected", "_selected_action": [blocking.pk], "post": "yes"},
+    )
+
+    assert not PolicyRule.objects.exists()
+    assert hello(alice_key).status_code == 200
