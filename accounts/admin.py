@@ -55,7 +55,7 @@ class ChangesApiAccess(AuditedAdmin):
     each makes every process read its remembered keys afresh (accounts.key_cache). Each is
     recorded in the audit trail, with the fields it changed (AuditedAdmin)."""
 
-    formfield_overrides = {models.JSONField: {"form_class": ModelNamesField}}  # allowed_models
+    formfield_overrides = {models.JSONField: {"form_class": ModelNamesField}}  # allowed_models, warm_models
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         super().save_model(request, obj, form, change)

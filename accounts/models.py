@@ -61,6 +61,13 @@ class Plan(models.Model):
     max_conversations = models.PositiveIntegerField(
         null=True, blank=True, help_text="Conversations a user of this plan may keep. Blank: no limit."
     )
+    # Models that stay in memory whatever CHAT_MODEL_IDLE_UNLOAD_S and CHAT_MAX_LOADED_MODELS
+    # say (generation/residency.py): a paying plan's users never wait for a load.
+    warm_models = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Models kept in memory for this plan's users, one per line: never unloaded while idle.",
+    )
     # The twofactor app asks for it: users without an authenticator are sent to set one up.
     require_two_factor = models.BooleanField(
         "require two-factor",

@@ -560,6 +560,9 @@ GENERATION_SLOT_TOKENS = env_int("GENERATION_SLOT_TOKENS", 4096, minimum=16)
 # Seconds with nothing running or waiting after which an engine (a web process's, a
 # Celery worker's) frees its model; the next generation loads it again. 0: never.
 CHAT_MODEL_IDLE_UNLOAD_S = env_int("CHAT_MODEL_IDLE_UNLOAD_S", 0, minimum=0)
+# Models one process (a web process's engines, a Celery worker's) holds in memory at once:
+# loading one more first unloads the least recently used idle one not kept warm. 0: no limit.
+CHAT_MAX_LOADED_MODELS = env_int("CHAT_MAX_LOADED_MODELS", 0, minimum=0)
 # After a conversation's first answer, the model gives it a short title (one small generation).
 CHAT_AUTO_TITLE = env_bool("CHAT_AUTO_TITLE", True)
 # Tools in the chat (tools/): rounds of tool calls one answer may make before it must answer in text.

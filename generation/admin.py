@@ -1,5 +1,5 @@
 """Admin for conversations and messages, the live generations page (force stop), rated answers,
-model servers and model fallbacks."""
+model servers, model fallbacks and the models' residency (unload now, keep warm)."""
 
 from __future__ import annotations
 
@@ -19,11 +19,27 @@ from django.views.decorators.http import require_GET, require_POST
 from accounts.models import UsageRecord
 from audit.admin import AuditedAdmin
 from audit.models import AuditRecord
-from audit.services import audit_record
+from audit.services import audit_record, target_of
 from generation import services
 from generation.backends import runtime
 from generation.backends.router import backend
-from generation.models import Conversation, Feedback, Message, ModelFallback, SharedLink, UpstreamEndpoint
+from generation.models import (
+    Conversation,
+    Feedback,
+    Message,
+    ModelFallback,
+    ModelResidency,
+    SharedLink,
+    UpstreamEndpoint,
+)
+from generation.residency import (
+    ORDERS_EVERY_S,
+    model_keep_warm_set,
+    model_residency_orders,
+    model_residency_rows,
+    model_unload_request,
+    plans_pinning,
+)
 from generation.selectors import MessageTree
 
 
@@ -316,3 +332,111 @@ class SharedLinkAdmin(admin.ModelAdmin):
     @admin.display(description="owner", ordering="conversation__user__username")
     def owner(self, link: SharedLink) -> str:
         return link.conversation.user.get_username()
+
+
+@admin.register(ModelResidency)
+class ModelResidencyAdmin(AuditedAdmin):
+    """The models this deployment runs itself, and the operator's word on each: "unload now"
+    and "keep warm". Every process that runs a model (web processes, Celery workers) reads
+    it from here within ORDERS_EVERY_S seconds; this process at once. The state shown is
+    this process's. Each action is recorded in the audit trail."""
+
+    list_display = ["model", "keep_warm", "pinned_by", "here", "unload_requested_at"]
+    fields = ["model", "keep_warm", "pinned_by", "here", "unload_requested_at", "updated_at"]
+    readonly_fields = ["model", "pinned_by", "here", "unload_requested_at", "updated_at"]
+    actions = ["unload_now", "keep_warm_on", "keep_warm_off"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # a row per model served comes by itself (changelist_view)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        if self.has_view_permission(request):
+            model_residency_rows(runtime.model_names())
+        return super().changelist_view(request, extra_context)
+
+    @admin.display(description="pinned warm by plans")
+    def pinned_by(self, row: ModelResidency) -> str:
+        return ", ".join(plans_pinning(row.model)) or "—"
+
+    @admin.display(description="in this process")
+    def here(self, row: ModelResidency) -> str:
+        engine = runtime.local_engines().get(row.model)
+        if engine is None:
+            return "not run here (Celery workers, or not used yet)"
+        if engine.unload_pending:
+            return f"{engine.residency}, unloading once its {engine.active + engine.queued} generation(s) end"
+        return str(engine.residency)
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        _apply_here(obj.model)
+
+    @admin.action(description="Unload now (once its running generations end)", permissions=["change"])
+    def unload_now(self, request: HttpRequest, queryset: QuerySet[ModelResidency]) -> None:
+        for row in queryset:
+            if pins := plans_pinning(row.model):
+                self.message_user(
+                    request,
+                    f"{row.model} is kept warm by the plan(s) {', '.join(pins)}: take it off their warm models first.",
+                    messages.ERROR,
+                )
+                continue
+            after = model_unload_request(model=row.model)
+            _residency_recorded(request, row, after)
+            self.message_user(request, _unload_outcome(row.model), messages.SUCCESS)
+
+    @admin.action(description="Keep warm (load now if unloaded)", permissions=["change"])
+    def keep_warm_on(self, request: HttpRequest, queryset: QuerySet[ModelResidency]) -> None:
+        self._keep_warm(request, queryset, keep=True)
+
+    @admin.action(description="Stop keeping warm", permissions=["change"])
+    def keep_warm_off(self, request: HttpRequest, queryset: QuerySet[ModelResidency]) -> None:
+        self._keep_warm(request, queryset, keep=False)
+
+    def _keep_warm(self, request: HttpRequest, queryset: QuerySet[ModelResidency], *, keep: bool) -> None:
+        for row in queryset:
+            after = model_keep_warm_set(model=row.model, keep=keep)
+            _residency_recorded(request, row, after)
+            _apply_here(row.model)
+        names = ", ".join(row.model for row in queryset)
+        done = "kept warm (loaded now where unloaded)" if keep else "no longer kept warm by the admin"
+        self.message_user(
+            request,
+            f"{names}: {done}; every process that runs them follows within {ORDERS_EVERY_S:g} s.",
+            messages.SUCCESS,
+        )
+
+
+def _apply_here(model: str) -> None:
+    """This process's engine of `model`, where it runs one, takes the orders now."""
+    if (engine := runtime.local_engines().get(model)) is not None:
+        engine.apply_orders(model_residency_orders(model))
+
+
+def _unload_outcome(model: str) -> str:
+    """Carry out "unload now" here, and say what came of it."""
+    others = f"every other process that runs it follows within {ORDERS_EVERY_S:g} s, once its generations end"
+    engine = runtime.local_engines().get(model)
+    if engine is None:
+        return f"{model}: {others}."
+    orders = model_residency_orders(model)
+    engine.apply_orders(orders)
+    engine.unload_now(unloads_seen=orders.unloads)
+    if engine.unload_pending:
+        busy = engine.active + engine.queued
+        return (
+            f"{model} unloads here once its {busy} running or waiting generation(s) end (none is cut short); {others}."
+        )
+    return f"{model} is unloaded here; {others}."
+
+
+def _residency_recorded(request: HttpRequest, before: ModelResidency, after: ModelResidency) -> None:
+    changes = {
+        name: (getattr(before, name), getattr(after, name))
+        for name in ("keep_warm", "unload_requests")
+        if getattr(before, name) != getattr(after, name)
+    }
+    audit_record(action=AuditRecord.Action.ADMIN_CHANGE, target=target_of(after), changes=changes, request=request)

@@ -244,3 +244,27 @@ class ModelFallback(models.Model):
 
     def __str__(self) -> str:
         return f"{self.model} → {self.fallback}"
+
+
+class ModelResidency(models.Model):
+    """An operator's word on one of the models this deployment runs itself (in its web
+    processes or Celery workers): keep it in memory, or unload it now. Every process that
+    runs the model reads it every few seconds (generation/residency.py), so a click reaches
+    them all with no message bus, and "keep warm" outlives restarts."""
+
+    model = models.CharField(max_length=200, unique=True)
+    keep_warm = models.BooleanField(
+        default=False, help_text="Never unloaded while idle, nor to make room for another model; loaded now if out."
+    )
+    # Each "unload now" adds one: a process unloads once for each rise it sees.
+    unload_requests = models.PositiveIntegerField(default=0, editable=False)
+    unload_requested_at = models.DateTimeField(null=True, blank=True, editable=False)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["model"]
+        verbose_name = "model residency"
+        verbose_name_plural = "model residency"
+
+    def __str__(self) -> str:
+        return self.model

@@ -23,7 +23,14 @@ from typing import Any, Generic, Protocol, TypeVar
 from inference.batching import Batch, Sequence, open_batch
 from inference.fair_queue import FairQueue
 from inference.generators import ChatTokenizer, GenerationOutcome, GenerationParams, Generator, Prompt, UnfitPrompt
-from inference.residency import ModelNotLoaded, Residency, ResidentModel, free_memory
+from inference.residency import (
+    ModelBudget,
+    ModelNotLoaded,
+    Residency,
+    ResidencyOrders,
+    ResidentModel,
+    free_memory,
+)
 from inference.streams import PRODUCER_BEAT_S, PRODUCER_BEAT_TTL_S, GenerationStatus, StreamStore, interrupted_event
 
 logger = logging.getLogger(__name__)
@@ -212,6 +219,9 @@ SCHEDULERS = ("batched", "sequential")
 # the caller's thread, and its saves with it (not a setting: a server never runs so).
 EAGER = "eager"
 
+# Seconds before a model kept warm whose load failed is loaded again.
+WARM_RETRY_S = 30.0
+
 # An answer the server's shutdown cut short (Engine.shut_down; the reaper's, for a dead process).
 INTERRUPTED = "The server stopped while this answer was being written."
 
@@ -332,6 +342,12 @@ class Engine:
     long with nothing running or waiting (inference/residency.py); the next job loads it
     again, its readers told first (a `loading` status), the jobs that come meanwhile
     waiting for that one load.
+
+    `orders` (read every `orders_every_s` seconds, on the same thread) carries what operators
+    say of the model in every process at once (the admin's "unload now" and "keep warm", a
+    plan's pin): unload it as soon as nothing runs or waits; keep it in memory, loading it
+    now where it is out. `budget` (CHAT_MAX_LOADED_MODELS) bounds the models this process
+    holds: before this one loads, the least recently used idle one leaves.
     """
 
     def __init__(
@@ -348,13 +364,26 @@ class Engine:
         slot_tokens: int = 4096,
         idle_unload_s: float = 0.0,
         on_loaded: Callable[[float], None] | None = None,
+        orders: Callable[[], ResidencyOrders] | None = None,
+        orders_every_s: float = 5.0,
+        budget: ModelBudget | None = None,
     ) -> None:
         if scheduler not in (*SCHEDULERS, EAGER):
             raise ValueError(f"scheduler must be one of {SCHEDULERS}, not {scheduler!r}")
-        self._model = ResidentModel(load, on_loaded=on_loaded, on_reload_failed=self._fail_waiting)
+        self._load = load
+        self._model = ResidentModel(self._load_within_budget, on_loaded=on_loaded, on_reload_failed=self._fail_waiting)
         self.idle_unload_s = idle_unload_s  # 0: the model stays loaded
         self._batch: Batch | None = None  # the batched scheduler's, opened after each load
         self._busy_at = time.monotonic()  # when the last job ended
+        self._used_at = self._busy_at  # when the last job came or ended (the budget's LRU order)
+        self._orders = orders
+        self.orders_every_s = orders_every_s
+        self._unloads_seen: int | None = None  # orders.unloads when last read; None: never read
+        self._keep_warm = False
+        self._unload_asked = False  # "unload now": as soon as nothing runs or waits
+        self.budget = budget  # CHAT_MAX_LOADED_MODELS, shared with the process's other engines
+        if budget is not None:
+            budget.join(self)
         self.store = store
         self.scheduler = scheduler
         self.max_queue = max_queue
@@ -371,6 +400,7 @@ class Engine:
         # Sequential workers waiting for a job that no submitted job has been promised to yet.
         self._free = 0
         self._stopping = threading.Event()  # no new jobs; the threads end once none is left
+        self._wake = threading.Event()  # the residency thread looks again now
         self._interrupting = threading.Event()  # the jobs left end now, as interrupted
         self._threads: list[threading.Thread] = []
         self._workers: list[threading.Thread] = []
@@ -414,6 +444,58 @@ class Engine:
         return self._stopping.is_set()
 
     @property
+    def holds_memory(self) -> bool:
+        """Its model is in memory or on its way there (for the budget)."""
+        return self._model.state in (Residency.LOADING, Residency.LOADED, Residency.RELOADING)
+
+    @property
+    def keep_warm(self) -> bool:
+        """Kept in memory: never unloaded while idle, nor to make room for another model."""
+        return self._keep_warm
+
+    @property
+    def last_used(self) -> float:
+        return max(self._used_at, self._model.loaded_at)
+
+    @property
+    def unload_pending(self) -> bool:
+        """ "Unload now" was asked while generations ran or waited: it unloads once they end."""
+        return self._unload_asked and self._model.state == Residency.LOADED
+
+    def set_keep_warm(self, keep: bool) -> None:
+        """Keep the model in memory (loaded again now where it was out), or stop keeping it."""
+        with self._lock:
+            self._keep_warm = keep
+            if keep:
+                self._unload_asked = False
+        self._wake.set()
+
+    def unload_now(self, *, unloads_seen: int | None = None) -> bool:
+        """Free the model as soon as nothing runs or waits: now, where nothing does (whether
+        it did). A running generation is never cut short; one that comes meanwhile loads
+        the model again. Not while kept warm.
+
+        `unloads_seen`: the orders' count of "unload now" that this call carries out, so
+        that reading the orders later does not unload a second time."""
+        with self._lock:
+            if unloads_seen is not None:
+                self._unloads_seen = max(self._unloads_seen or 0, unloads_seen)
+            if self._keep_warm or self._model.state != Residency.LOADED:
+                return False  # kept warm, or not in memory: nothing to unload
+            self._unload_asked = True
+        if self.unload_if_idle():
+            return True
+        self._wake.set()  # the residency thread unloads it once the last generation ends
+        return False
+
+    def unload_if_idle(self) -> bool:
+        """Free the model now unless something runs or waits (or it is out already)."""
+        with self._lock:
+            if self.active or self._jobs or self._model.state != Residency.LOADED:
+                return False
+        return self._unload(forced=True)
+
+    @property
     def queued(self) -> int:
         """Jobs waiting for room (not yet generating)."""
         with self._lock:
@@ -431,9 +513,9 @@ class Engine:
                     self._model.thread(),
                     threading.Thread(target=self._beat, name="chatsite-heartbeat", daemon=True),
                 ]
-                if self.idle_unload_s > 0 and self.scheduler != EAGER:
+                if self.scheduler != EAGER:
                     self._threads.append(
-                        threading.Thread(target=self._unload_when_idle, name="chatsite-idle-unload", daemon=True)
+                        threading.Thread(target=self._mind_residency, name="chatsite-residency", daemon=True)
                     )
                 if self.scheduler == "batched":
                     self._threads.append(threading.Thread(target=self._batch_loop, name="chatsite-batch", daemon=True))
@@ -454,6 +536,7 @@ class Engine:
                 raise EngineOverloaded(f"{waiting} generations are already waiting")
             self.store.create(job.stream_id)
             self._jobs.append(job)
+            self._used_at = time.monotonic()
             index = self._jobs.index(job)
             ahead = self.active + index - self.max_concurrent
             try:
@@ -493,6 +576,7 @@ class Engine:
     def stop(self, timeout: float | None = None) -> None:
         """Finish the running and waiting jobs, then end the threads."""
         self._stopping.set()
+        self._wake.set()
         with self._lock:
             self._job_ready.notify_all()
         for thread in [*self._workers, *self._threads]:
@@ -504,6 +588,7 @@ class Engine:
         seconds; end the rest as interrupted, their text kept (within a decoding step);
         then end the threads, once every result is saved."""
         self._stopping.set()
+        self._wake.set()
         with self._lock:
             self._job_ready.notify_all()
         deadline = time.monotonic() + grace_s
@@ -519,36 +604,96 @@ class Engine:
     def _unload_due_in(self) -> float | None:
         """Seconds until the model is to leave memory, if nothing runs or waits meanwhile;
         None while it is not in memory or never leaves it. Called with the lock held."""
-        if not self.idle_unload_s or self._model.state != Residency.LOADED:
+        if self._model.state != Residency.LOADED or self._keep_warm:
+            return None
+        if not (self.idle_unload_s or self._unload_asked):
             return None
         if self.active or self._jobs:
-            return self.idle_unload_s  # at the soonest: look again then
+            return self.idle_unload_s or None  # idle unload: at the soonest, look again then
+        if self._unload_asked:
+            return 0.0
         idle_since = max(self._busy_at, self._model.loaded_at)
         return max(0.0, idle_since + self.idle_unload_s - time.monotonic())
 
-    def _unload_when_idle(self) -> None:
-        while True:
+    def _mind_residency(self) -> None:
+        """The residency thread: reads the operators' orders, unloads the model when it is
+        due, loads it again while kept warm. Woken early by a job's end and by new orders."""
+        self._model.wait_first_load()
+        while not self._stopping.is_set():
+            self._wake.clear()  # before looking: a wake from here on is not missed
+            self._read_orders()
+            if self._keep_warm and self._model.state == Residency.UNLOADED and not self._load_again():
+                self._stopping.wait(WARM_RETRY_S)  # not in a tight loop of failing loads
+                continue
             with self._lock:
                 due = self._unload_due_in()
             if due == 0:
                 self._unload()
                 continue
-            if self._stopping.wait(self.idle_unload_s if due is None else due):
-                return
+            waits = [w for w in (due, self.orders_every_s if self._orders else None) if w is not None]
+            self._wake.wait(min(waits) if waits else None)
 
-    def _unload(self) -> None:
-        """Free the model (and the batch's caches and CUDA graphs) unless a job came meanwhile.
+    def _read_orders(self) -> None:
+        """Apply the operators' orders, where there are any; a failed read keeps the last ones."""
+        if self._orders is None:
+            return
+        try:
+            orders = self._orders()
+        except Exception:
+            logger.exception("Could not read the model's residency orders; keeping the last ones")
+            return
+        self._take_orders(orders)
+
+    def apply_orders(self, orders: ResidencyOrders) -> None:
+        """Take these orders now (read elsewhere), not at the next read."""
+        self._take_orders(orders)
+        self._wake.set()
+
+    def _take_orders(self, orders: ResidencyOrders) -> None:
+        """Keep warm as the orders say; unload as soon as idle if "unload now" was asked
+        since the last orders this engine saw (the first it sees only set the count: an
+        unload asked before this process started was done by those that ran then)."""
+        with self._lock:
+            self._keep_warm = orders.keep_warm
+            asked = self._unloads_seen is not None and orders.unloads > self._unloads_seen
+            self._unloads_seen = max(self._unloads_seen or 0, orders.unloads)
+            # Only a model in memory has something to unload: an order must not outlive it.
+            in_memory = self._model.state == Residency.LOADED
+            self._unload_asked = (self._unload_asked or asked) and in_memory and not orders.keep_warm
+
+    def _load_again(self) -> bool:
+        """Load the freed model now (kept warm): the next generation finds it in memory.
+        Whether it loaded (a failure is logged where the load failed)."""
+        try:
+            self._model.acquire()
+        except ModelNotLoaded:
+            return False
+        return True
+
+    def _load_within_budget(self) -> Generator:
+        if self.budget is not None:
+            self.budget.make_room(self)
+        return self._load()
+
+    def _unload(self, *, forced: bool = False) -> bool:
+        """Free the model (and the batch's caches and CUDA graphs) unless a job came meanwhile;
+        whether it did. `forced`: now, idle time or not (unload now, room for another model).
 
         Decided under the lock, so that a job submitted from here on is told it loads
         again. Nothing else holds the model now: jobs use it only while counted active."""
         with self._lock:
-            if self._unload_due_in() != 0:
-                return
+            if self.active or self._jobs or self._model.state != Residency.LOADED:
+                return False
+            if not forced and self._unload_due_in() != 0:
+                return False
+            why = "as asked" if self._unload_asked else "to make room" if forced else "while idle"
+            self._unload_asked = False
             batch, self._batch = self._batch, None
             generator = self._model.release()
         del batch, generator  # the last references: their tensors go now
         free_memory()
-        logger.info("The model left memory after %s s with nothing to do", self.idle_unload_s)
+        logger.info("The model left memory (%s)", why)
+        return True
 
     def _fail_waiting(self, error: str) -> None:
         """End the jobs waiting for a reload that failed, with its error: told that the
@@ -786,7 +931,8 @@ class Engine:
         with self._lock:
             self.active -= 1
             self.generated_tokens += final.completion_tokens
-            self._busy_at = time.monotonic()
+            self._busy_at = self._used_at = time.monotonic()
+        self._wake.set()  # the residency thread counts the idle time from now
         if final.status == GenerationStatus.INTERRUPTED:  # as the reaper tells a dead process's readers
             self._append_quietly(job.stream_id, *interrupted_event(**final.summary()))
         elif final.status == GenerationStatus.ERROR:

@@ -1,6 +1,7 @@
 """An engine's model in memory, or not: loaded at start, freed after a while with nothing
-to do (CHAT_MODEL_IDLE_UNLOAD_S), loaded again by the next generation, once however many
-wait for it. No Django imports here.
+to do (CHAT_MODEL_IDLE_UNLOAD_S), by an operator ("unload now"), or to make room for another
+(CHAT_MAX_LOADED_MODELS), loaded again by the next generation, once however many wait for
+it. No Django imports here.
 
 While the model is out of memory its tokenizer stays: prompts are still counted (and
 refused when they don't fit) before they queue.
@@ -16,7 +17,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import StrEnum
+from typing import Protocol
 
 from inference.generators import ChatTokenizer, Generator
 
@@ -163,3 +166,72 @@ class ResidentModel:
             self.tokenizer = tokenizer_of(generator)
             self.state = Residency.UNLOADED
             return generator
+
+
+@dataclass(frozen=True)
+class ResidencyOrders:
+    """What operators say of a model, read by every process that runs it: keep it in memory
+    (the admin's "keep warm", or a plan that pins it), and how many times "unload now" was
+    asked; a process unloads once for each rise of `unloads` it sees."""
+
+    keep_warm: bool = False
+    unloads: int = 0
+
+
+class Evictable(Protocol):
+    """An engine, as ModelBudget sees it."""
+
+    @property
+    def holds_memory(self) -> bool:
+        """Its model is in memory, or being loaded into it."""
+        ...
+
+    @property
+    def keep_warm(self) -> bool: ...
+
+    @property
+    def last_used(self) -> float:
+        """When it last took or ended a job, or loaded its model (time.monotonic())."""
+        ...
+
+    def unload_if_idle(self) -> bool:
+        """Free the model now unless something runs or waits; whether it did."""
+        ...
+
+
+class ModelBudget:
+    """At most `max_loaded` models in this process's memory (CHAT_MAX_LOADED_MODELS; 0: any
+    number): before a model loads, the least recently used idle one not kept warm leaves.
+
+    Where every loaded model is busy or kept warm, the load goes ahead over the limit (with
+    a warning): refusing it would fail requests the operator let in, and freeing a model in
+    use would break its streams."""
+
+    def __init__(self, max_loaded: int = 0) -> None:
+        self.max_loaded = max_loaded
+        self._members: list[Evictable] = []
+        # Held while a model makes room: two loads at once can't both take the last place.
+        self._lock = threading.Lock()
+
+    def join(self, member: Evictable) -> None:
+        with self._lock:
+            self._members.append(member)
+
+    def make_room(self, loading: Evictable) -> None:
+        """Unload others until `loading` fits, least recently used first."""
+        if not self.max_loaded:
+            return
+        with self._lock:
+            while True:
+                held = [m for m in self._members if m is not loading and m.holds_memory]
+                if len(held) < self.max_loaded:
+                    return
+                idle = sorted((m for m in held if not m.keep_warm), key=lambda m: m.last_used)
+                if not any(m.unload_if_idle() for m in idle):
+                    logger.warning(
+                        "%d models are in memory (CHAT_MAX_LOADED_MODELS=%d), none of them idle and "
+                        "unpinned: loading one more over the limit",
+                        len(held),
+                        self.max_loaded,
+                    )
+                    return

@@ -16,12 +16,15 @@ from functools import partial
 
 from django.conf import settings
 
+from generation.residency import ORDERS_EVERY_S, model_residency_orders
 from inference.admission import DeploymentAdmission
 from inference.engine import Engine
 from inference.generators import load_generator
 from inference.redis_streams import RedisStreamStore
 from inference.registry import ModelSpec, available_models, resolve_model
+from inference.residency import ModelBudget
 from inference.streams import InMemoryStreamStore, StreamStore
+from infrastructure.database import on_database_thread
 from infrastructure.metrics import observe_model_load
 
 # Who generates in this process: unique per process start, so a restarted process
@@ -70,6 +73,7 @@ class Runtime:
         self._store = store
         self._admission = admission
         self.engines: dict[str, Engine] = {}  # by model; a test may put its own here
+        self._budget: ModelBudget | None = None  # CHAT_MAX_LOADED_MODELS, over all its engines
         self.backend: object | None = None  # the ModelRouter, once router.backend() chose it
 
     def stream_store(self) -> StreamStore:
@@ -88,7 +92,9 @@ class Runtime:
         store = self.stream_store()
         with self._lock:
             if name not in self.engines:
-                self.engines[name] = _engine_for(model_spec(name), store)
+                if self._budget is None:
+                    self._budget = ModelBudget(settings.CHAT_MAX_LOADED_MODELS)
+                self.engines[name] = _engine_for(model_spec(name), store, self._budget)
             found = self.engines[name]
         found.start()
         return found
@@ -109,7 +115,7 @@ class Runtime:
             return self._admission
 
 
-def _engine_for(spec: ModelSpec, store: StreamStore) -> Engine:
+def _engine_for(spec: ModelSpec, store: StreamStore, budget: ModelBudget) -> Engine:
     load = partial(
         load_generator,
         spec,
@@ -130,6 +136,10 @@ def _engine_for(spec: ModelSpec, store: StreamStore) -> Engine:
         slot_tokens=settings.GENERATION_SLOT_TOKENS,
         idle_unload_s=settings.CHAT_MODEL_IDLE_UNLOAD_S,
         on_loaded=partial(observe_model_load, spec.name),
+        # The admin's "unload now" and "keep warm", and plans' pins, from the database.
+        orders=partial(on_database_thread, model_residency_orders, spec.name),
+        orders_every_s=ORDERS_EVERY_S,
+        budget=budget,
     )
 
 
