@@ -5,6 +5,7 @@ in use (the exact search where neither sqlite-vec nor pgvector is there)."""
 from __future__ import annotations
 
 import io
+import os
 
 import pytest
 from django.core.management import call_command
@@ -167,6 +168,8 @@ def test_the_exact_search_and_the_databases_own_agree(alice, conversation):
     query = embedder.embed(["Which insects make honey?"]).vectors[0]
     own = vectors.vector_search()
     if isinstance(own, vectors.ExactVectorSearch):
+        # tests/documents/test_sqlite_vec.py runs this under a Python that must use sqlite-vec.
+        assert os.environ.get("CHATSITE_REQUIRE_SQLITE_VEC") != "1", "sqlite-vec is not what searches here"
         pytest.skip(f"{connection.vendor} here has neither sqlite-vec loadable nor pgvector: the exact search is used")
 
     assert own.ranked(ids, embedder.name, query, 5) == vectors.ExactVectorSearch().ranked(ids, embedder.name, query, 5)
