@@ -160,6 +160,8 @@ class Embedder:
             import torch  # only when an embedding is asked for: torch takes seconds to import
             from transformers import AutoModel, AutoTokenizer
 
+            from inference.loading import MODEL_BUILDING
+
             location = self.spec.locate()
             if location is None:
                 raise EmbeddingFailed(f"{self.spec.name} is not installed (see requirements-models.txt)")
@@ -168,7 +170,8 @@ class Embedder:
                 device = "cuda" if torch.cuda.is_available() else "cpu"
             try:
                 tokenizer = AutoTokenizer.from_pretrained(location, local_files_only=True)
-                model = AutoModel.from_pretrained(location, local_files_only=True).to(device).eval()
+                with MODEL_BUILDING:  # not while another thread builds a model (inference.loading)
+                    model = AutoModel.from_pretrained(location, local_files_only=True).to(device).eval()
             except Exception as error:
                 raise EmbeddingFailed(f"{self.spec.name} could not be loaded: {error}") from error
             self._tokenizer, self._model = tokenizer, model

@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,12 @@ from inference.registry import ModelSpec
 logger = logging.getLogger(__name__)
 
 COMPLETE_MARKER = "chatsite-complete.json"
+
+# Held while transformers builds a model: from_pretrained swaps PreTrainedModel.tie_weights
+# and torch.linspace for the whole process while it builds one, so a second thread building
+# another meanwhile gets untied weights (lm_head left on the meta device). Two engines of one
+# process (CHAT_MAX_LOADED_MODELS, the embedding model, an unload racing a load) do meet here.
+MODEL_BUILDING = threading.Lock()
 
 
 def resolve_device(setting: str) -> torch.device:
@@ -143,7 +150,8 @@ def convert_gguf(gguf: Path, target: Path, *, chat_template: str | None = None) 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    with MODEL_BUILDING:
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # A model loaded from GGUF refuses save_pretrained while it carries its
     # quantizer marker, although its weights are plain tensors by now.
     model.hf_quantizer = None  # type: ignore[assignment]
@@ -194,7 +202,8 @@ def load_pretrained(
         kwargs["quantization_config"] = quantized
     if device.type == "cuda":
         kwargs["device_map"] = "auto" if device.index is None else {"": device.index}
-    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
+    with MODEL_BUILDING:
+        model: Any = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
     if device.type != "cuda":
         model.to(device)
     model.eval()

@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -37,6 +38,7 @@ def build_tiny_model(source: Path, target: Path) -> None:
         bos_token_id=0,
         eos_token_id=1,
         pad_token_id=1,
+        tie_word_embeddings=spec.get("tied", False),
     )
     LlamaForCausalLM(config).save_pretrained(target)
     vocab = {"<s>": 0, "</s>": 1, **{f"w{i}": i for i in range(2, spec["vocab"])}}
@@ -201,3 +203,45 @@ def test_concurrent_first_loads_convert_once(source, tmp_path):
     assert convert.calls == 1
     assert len(results) == 3
     assert all(model.config.hidden_size == 16 for model, _ in results)
+
+
+def test_a_model_built_while_another_thread_builds_one_keeps_its_tied_weights(tmp_path, monkeypatch):
+    # transformers swaps PreTrainedModel.tie_weights for a no-op, process-wide, while it builds
+    # a model; a second thread building one meanwhile used to come out with an lm_head left
+    # on the meta device. Thread "first" is held inside its build while "second" loads.
+    import transformers.modeling_utils as modeling_utils
+
+    source = tmp_path / "tied.json"
+    source.write_text(json.dumps({"vocab": 32, "tied": True}))
+    model_dir = tmp_path / "tied"
+    build_tiny_model(source, model_dir)
+
+    inside, release = threading.Event(), threading.Event()
+    original = modeling_utils.patch_output_recorders
+
+    def held_in_the_first_build(model):
+        if threading.current_thread().name == "first":
+            inside.set()
+            release.wait(30)
+        return original(model)
+
+    monkeypatch.setattr(modeling_utils, "patch_output_recorders", held_in_the_first_build)
+    models: dict[str, Any] = {}
+
+    def load(name: str) -> None:
+        models[name] = load_cpu(model_dir)[0]
+
+    first = threading.Thread(target=load, args=("first",), name="first")
+    second = threading.Thread(target=load, args=("second",), name="second")
+    first.start()
+    assert inside.wait(30)
+    second.start()
+    second.join(2)  # long enough for a tiny model to load, were it let through
+    release.set()
+    first.join(30)
+    second.join(30)
+
+    for model in models.values():
+        assert model.lm_head.weight.device.type == "cpu"
+        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert set(models) == {"first", "second"}
