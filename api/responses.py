@@ -92,10 +92,14 @@ async def responses_create(request: HttpRequest, caller: Caller) -> HttpResponse
     )
     instructions = [{"role": "system", "content": body.instructions}] if body.instructions else []
     held, started = await _start(caller, body, head, [*instructions, *context, *body.input_messages()])
-    head = dataclasses.replace(head, model=started.model)  # a fallback's, where the model could not take it
+    # The model is a fallback's where the asked one could not take it; the instructions and
+    # the input are kept as the model read them, masked by the content policy, for every reader.
+    head = dataclasses.replace(head, model=started.model)
+    masked = started.prompt if isinstance(started.prompt, list) else []
+    if instructions and masked:
+        head = dataclasses.replace(head, instructions=masked[0]["content"])
     if body.stored:
-        # Its input as the model read it, masked by the content policy: the same for every reader.
-        masked = started.prompt[len(instructions) + len(context) :] if isinstance(started.prompt, list) else []
+        masked = masked[len(instructions) + len(context) :]
         await in_database_thread(
             stored_response_create, user=caller.user, head=head, context=context, input=masked or body.input_messages()
         )

@@ -450,15 +450,27 @@ def test_a_prompt_posted_in_the_chat_page_shows_masked(alice, alice_client, list
     assert "alice@example.com" not in response.content.decode()
 
 
-def test_a_stored_response_keeps_its_input_masked(alice_key, listening, emails_masked):
-    body = {"model": MODEL, "input": "Write to alice@example.com now.", "max_output_tokens": 3}
+def test_a_stored_response_keeps_its_instructions_and_input_masked(alice_key, listening, emails_masked):
+    body = {
+        "model": MODEL,
+        "instructions": "Sign as bob@example.com.",
+        "input": "Write to alice@example.com now.",
+        "max_output_tokens": 3,
+    }
 
     response = post("/v1/responses", body, alice_key)
 
     assert response.status_code == 200, response.content
+    assert response.json()["instructions"] == "Sign as [email]."
     stored = StoredResponse.objects.get()
+    assert stored.instructions == "Sign as [email]."
     assert stored.input == [{"role": "user", "content": "Write to [email] now."}]
-    assert listening[0][-1]["content"] == "Write to [email] now."
+    assert listening[0] == [
+        {"role": "system", "content": "Sign as [email]."},
+        {"role": "user", "content": "Write to [email] now."},
+    ]
+    retrieved = get(f"/v1/responses/{response.json()['id']}", alice_key).json()
+    assert "bob@example.com" not in str(retrieved) and "alice@example.com" not in str(retrieved)
 
 
 # -- rules read once per process -----------------------------------------------------------
