@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from inference.generators import (
     SYNTHETIC_TEXT,
@@ -37,6 +38,12 @@ if TYPE_CHECKING:
     import torch
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# One CUDA graph capture at a time in the process: two engines capturing at once (two
+# models, each its own thread) would each see the other's work on the device.
+CAPTURING = threading.Lock()
 
 
 @dataclass(eq=False)
@@ -113,7 +120,9 @@ class TransformersBatch:
         params = sequence.params
         rng = None
         if params.temperature > 0:
-            rng = self._torch.Generator(device=self.device)
+            # On the CPU whatever the model's device: a step draws every row's number on
+            # the host and moves them in one copy, not one device kernel per row.
+            rng = self._torch.Generator(device="cpu")
             if params.seed is not None:
                 rng.manual_seed(params.seed)
             else:
@@ -359,7 +368,7 @@ class TransformersBatch:
         # Keep the smallest prefix whose mass reaches top_p (always at least one token).
         probs = probs.masked_fill(probs.cumsum(dim=-1) - probs >= top_p, 0.0)
         cumulative = probs.cumsum(dim=-1)
-        draws = torch.stack([torch.rand((), generator=row.rng, device=self.device) for row in rows])
+        draws = torch.tensor([torch.rand((), generator=row.rng).item() for row in rows], device=self.device)
         picks = (cumulative < draws[:, None] * cumulative[:, -1:]).sum(dim=-1).clamp(max=k - 1)
         chosen[sampled] = top_ids.gather(1, picks[:, None]).squeeze(1)
         return chosen
@@ -387,6 +396,62 @@ SHORTEST_WIDTH = 64
 def row_bucket(rows: int) -> int:
     """The padded row count a step of `rows` rows runs at."""
     return next((size for size in ROW_BUCKETS if size >= rows), 1 << (rows - 1).bit_length())
+
+
+# The share of the memory free after the weights that the key/value slots may take; the
+# rest is for the prefill's own cache and the activations.
+SLOT_MEMORY_SHARE = 0.8
+
+
+class SlotsDontFit(RuntimeError):
+    """Not even one key/value slot fits in the memory free: the batch can't open."""
+
+
+def slots_that_fit(wanted: int, slot_bytes: int, row_tokens: int, free_bytes: int | None) -> int:
+    """The slots to allocate: `wanted` (a row bucket), or the largest bucket below it
+    that SLOT_MEMORY_SHARE of `free_bytes` holds (unknown free memory: `wanted`).
+
+    Sized once when the batch opens, never per request: 256 slots of 4,096 tokens of an
+    8B model are 128 GiB, more than any one GPU holds beside its 16 GB of weights."""
+    if free_bytes is None:
+        return wanted
+    budget = int(free_bytes * SLOT_MEMORY_SHARE)
+    if wanted * slot_bytes <= budget:
+        return wanted
+    fits = budget // slot_bytes
+    need = f"{wanted} slots of {row_tokens} tokens need {wanted * slot_bytes / 2**30:.1f} GiB of keys and values"
+    if fits < 1:
+        raise SlotsDontFit(
+            f"{need}, and not even one fits in {budget / 2**30:.1f} GiB "
+            f"({SLOT_MEMORY_SHARE:.0%} of the memory free): lower GENERATION_SLOT_TOKENS"
+        )
+    capacity = 1 << (fits.bit_length() - 1)  # a row bucket: every step's padded rows have slots
+    logger.warning(
+        "%s; %.1f GiB are free, so %d slots: at most %d generations decode at once",
+        need,
+        free_bytes / 2**30,
+        capacity,
+        capacity,
+    )
+    return capacity
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Bytes free for new tensors on `device` (the CUDA device's free memory, or the
+    host's available memory), None where that can't be told."""
+    import torch
+
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    if device.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo") as meminfo:
+            fields = dict(line.split(":", 1) for line in meminfo)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):  # not Linux
+        return None
 
 
 class _SlotCache:
@@ -427,7 +492,7 @@ class StaticBatch(TransformersBatch):
     cost that bounds eager decoding of a small model. The padding rows decode token 0
     in spare slots; nobody reads what they make. Prefill stays eager (the dynamic path's
     left-padded prefill, its rows then copied into their slots). A row that leaves
-    hands its slot to the rows after it, which move down one slot each.
+    hands its slot to the last row, which moves into it (one row's copy).
 
     On a CPU the same code runs without graphs, which is how its answers are tested:
     greedy rows give what `generate()` gives alone.
@@ -441,12 +506,13 @@ class StaticBatch(TransformersBatch):
         torch = self._torch
         config = self.model.config
         self.row_tokens = min(row_tokens, generator.context_length)
-        self.capacity = row_bucket(max_rows)
         self.cuda_graphs = cuda_graphs
         heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        shape = (self.capacity, heads, self.row_tokens, head_dim)
         dtype, device = self.model.dtype, self.device
+        slot_bytes = 2 * config.num_hidden_layers * heads * self.row_tokens * head_dim * dtype.itemsize
+        self.capacity = slots_that_fit(row_bucket(max_rows), slot_bytes, self.row_tokens, available_memory(device))
+        shape = (self.capacity, heads, self.row_tokens, head_dim)
         self._keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
         self._values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
         # A step's inputs live in fixed tensors: a captured graph reads them where they were.
@@ -545,24 +611,47 @@ class StaticBatch(TransformersBatch):
         logits: torch.Tensor = output.logits[:, -1, :]
         return logits
 
+    def capture_all(self) -> None:
+        """Capture every step shape now (static_shapes), before the batch serves: captured
+        while serving, each new shape stalled every stream. Logged with what it cost."""
+        started = time.monotonic()
+        shapes = static_shapes(self.capacity, self.row_tokens)
+        failed = sum(self._graph(rows, width) is None for rows, width in shapes)
+        logger.info(
+            "Captured %d CUDA graphs in %.1f s (%d shapes failed and decode eagerly)",
+            len(shapes) - failed,
+            time.monotonic() - started,
+            failed,
+        )
+
+    @property
+    def failed_captures(self) -> int:
+        return sum(captured is None for captured in self._graphs.values())
+
     def _replay(self, rows: int, width: int) -> torch.Tensor:
-        """The step of `rows` rows over `width` columns, from its CUDA graph (captured the
-        first time it is needed). Where capture fails, that shape decodes eagerly."""
-        key = (rows, width)
-        if key not in self._graphs:
-            try:
-                self._graphs[key] = self._capture(rows, width)
-            except Exception:
-                logger.warning(
-                    "CUDA graph capture failed for %d rows x %d columns; decoding them eagerly", *key, exc_info=True
-                )
-                self._graphs[key] = None
-        captured = self._graphs[key]
+        """The step of `rows` rows over `width` columns, from its CUDA graph. Where its
+        capture failed, that shape decodes eagerly."""
+        captured = self._graph(rows, width)
         if captured is None:
             return self._forward(slice(0, rows), width)
         graph, logits = captured
         graph.replay()
         return logits
+
+    def _graph(self, rows: int, width: int) -> tuple[Any, torch.Tensor] | None:
+        """The captured step of this shape (captured here the first time); None where the
+        capture failed."""
+        key = (rows, width)
+        if key not in self._graphs:
+            try:
+                with CAPTURING:
+                    self._graphs[key] = self._capture(rows, width)
+            except Exception:
+                logger.warning(
+                    "CUDA graph capture failed for %d rows x %d columns; decoding them eagerly", *key, exc_info=True
+                )
+                self._graphs[key] = None
+        return self._graphs[key]
 
     def _capture(self, rows: int, width: int) -> tuple[Any, torch.Tensor]:
         """Capture the step of this shape as a CUDA graph. Running it several times is
@@ -578,8 +667,7 @@ class StaticBatch(TransformersBatch):
         if self._graph_pool is None:
             self._graph_pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._graph_pool):
-            logits = self._forward(slots, width)
+        logits = capture(torch, graph, self._graph_pool, side, lambda: self._forward(slots, width))
         return graph, logits
 
     def _prefill_sparing(self, rows: list[_Row], finished: list[Finished]) -> tuple[list[_Row], torch.Tensor | None]:
@@ -614,18 +702,72 @@ class StaticBatch(TransformersBatch):
         self._filled = stop
 
     def _drop_all_but(self, keep: list[int]) -> None:
-        """Keep these rows, in order, in the first slots: the ones after a gap move down."""
+        """Keep these rows in the first slots: each freed slot below the new end takes one
+        row from beyond it (slot_moves), so a departure copies one row's tokens at most."""
         torch = self._torch
-        moves = [(old, new) for new, old in enumerate(keep) if old != new]
+        moves = slot_moves(keep)
+        rows = {slot: self._rows[slot] for slot in keep}
+        for old, new in moves:
+            rows[new] = rows.pop(old)
         if moves:
             old_slots = torch.tensor([old for old, _ in moves], device=self.device)
             new_slots = torch.tensor([new for _, new in moves], device=self.device)
             width = max(self._rows[old].cached for old, _ in moves)
             for tensors in (self._keys, self._values):
                 for slots in tensors:
-                    slots[new_slots, :, :width] = slots.index_select(0, old_slots)[:, :, :width]
-        self._rows = [self._rows[index] for index in keep]
+                    slots[new_slots, :, :width] = slots[old_slots, :, :width]
+        self._rows = [rows[slot] for slot in range(len(keep))]
         self._filled = len(self._rows)
+
+
+def capture(torch: Any, graph: Any, pool: Any, stream: Any, step: Callable[[], T]) -> T:
+    """Capture `step()` into `graph` on `stream`, sharing `pool`; what it returned.
+
+    What `torch.cuda.graph` does, except after a failure: when its `capture_end` raises
+    (an invalidated capture: a host sync, an unsupported kernel) it leaves the capture
+    stream current and the caching allocator still sending this thread's allocations to
+    the graph's pool, so every later capture fails and the next `empty_cache()` raises.
+    Here the stream context is exited whatever happens, and a failed capture's pool
+    routing is ended and the graph reset before the error goes on."""
+    torch.cuda.synchronize()
+    with torch.cuda.stream(stream):  # exited on any error: the previous stream is current again
+        graph.capture_begin(pool=pool)
+        try:
+            result = step()
+        finally:
+            try:
+                graph.capture_end()  # also ends the capture when step() raised in it
+            except BaseException:
+                # The stream's capture ended with the error; the allocator's routing did not.
+                torch._C._cuda_endAllocateToPool(stream.device.index, graph.pool())
+                graph.reset()
+                raise
+    return result
+
+
+def static_shapes(capacity: int, row_tokens: int) -> list[tuple[int, int]]:
+    """Every (rows, width) shape a static step of at most `capacity` rows in slots of
+    `row_tokens` tokens runs at: each row bucket up to it, by each width up to the slots'."""
+    buckets = [size for size in ROW_BUCKETS if size < capacity] + [capacity]
+    widths = []
+    width = SHORTEST_WIDTH
+    while width < row_tokens:
+        widths.append(width)
+        width *= 2
+    widths.append(row_tokens)
+    return [(rows, width) for rows in buckets for width in widths]
+
+
+def slot_moves(keep: list[int]) -> list[tuple[int, int]]:
+    """The (old, new) slot moves that pack the rows in slots `keep` into the first
+    len(keep) slots: each row beyond that end moves into a freed slot below it, and no
+    other row moves. (Shifting every later row down instead copied, at 256 rows of an
+    8B model, some 22 GiB per departure.)"""
+    end = len(keep)
+    kept = set(keep)
+    freed = [slot for slot in range(end) if slot not in kept]
+    beyond = [slot for slot in keep if slot >= end]
+    return list(zip(beyond, freed, strict=True))
 
 
 @dataclass(eq=False)
@@ -691,24 +833,41 @@ def open_batch(generator: Generator, *, max_rows: int = 256, cuda_graphs: str = 
     if isinstance(generator, SyntheticGenerator):
         return SyntheticBatch(generator)
     assert isinstance(generator, TransformersGenerator), f"{generator!r} cannot batch"
-    on_cuda = generator.device.type == "cuda"
-    if cuda_graphs == "0" or (cuda_graphs == "auto" and not on_cuda):
+    if not wants_static(generator, cuda_graphs):
         return TransformersBatch(generator)
+    on_cuda = generator.device.type == "cuda"
     if unsupported := static_unsupported(generator.model.config):
         logger.warning("GENERATION_CUDA_GRAPHS=%s: %s; decoding on the dynamic path", cuda_graphs, unsupported)
         return TransformersBatch(generator)
     if not on_cuda:
         logger.warning("GENERATION_CUDA_GRAPHS=1 on %s: static decoding without graphs", generator.device)
-    return StaticBatch(generator, max_rows=max_rows, row_tokens=row_tokens, cuda_graphs=on_cuda)
+    batch = StaticBatch(generator, max_rows=max_rows, row_tokens=row_tokens, cuda_graphs=on_cuda)
+    if on_cuda:
+        batch.capture_all()
+    return batch
+
+
+def wants_static(generator: Generator | None, cuda_graphs: str) -> bool:
+    """Whether GENERATION_CUDA_GRAPHS asks for the static path for this generator (where
+    the model allows it: static_unsupported)."""
+    if not isinstance(generator, TransformersGenerator):
+        return False
+    return cuda_graphs == "1" or (cuda_graphs == "auto" and generator.device.type == "cuda")
 
 
 def static_unsupported(config: Any) -> str | None:
     """Why the static path can't run this model, if it can't: its slots are plain causal
-    attention over every earlier token, through a mask it builds itself."""
+    attention over every earlier token, through a mask it builds itself, and its steps
+    are captured as CUDA graphs."""
     kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
     if kinds != {"full_attention"}:
         return f"its layers are {', '.join(sorted(kinds))}, not only full attention"
     implementation = getattr(config, "_attn_implementation", None)
     if implementation not in ("sdpa", "eager"):
         return f"its attention implementation is {implementation}, not sdpa or eager"
+    quantization = getattr(config, "quantization_config", None)
+    if quantization is not None and not isinstance(quantization, dict):
+        quantization = quantization.to_dict()
+    if quantization and quantization.get("load_in_8bit"):
+        return "its weights are bitsandbytes 8-bit, whose matrix products wait on the host: no graph can hold them"
     return None

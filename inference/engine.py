@@ -20,7 +20,7 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from inference.batching import Batch, Sequence, open_batch
+from inference.batching import Batch, Sequence, open_batch, wants_static
 from inference.fair_queue import FairQueue
 from inference.generators import ChatTokenizer, GenerationOutcome, GenerationParams, Generator, Prompt, UnfitPrompt
 from inference.residency import (
@@ -374,6 +374,7 @@ class Engine:
         self._model = ResidentModel(self._load_within_budget, on_loaded=on_loaded, on_reload_failed=self._fail_waiting)
         self.idle_unload_s = idle_unload_s  # 0: the model stays loaded
         self._batch: Batch | None = None  # the batched scheduler's, opened after each load
+        self._broken: str | None = None  # why the decoding thread died, if it did: nothing runs
         self._busy_at = time.monotonic()  # when the last job ended
         self._used_at = self._busy_at  # when the last job came or ended (the budget's LRU order)
         self._orders = orders
@@ -424,7 +425,7 @@ class Engine:
 
     @property
     def load_error(self) -> str | None:
-        return self._model.error
+        return self._broken or self._model.error
 
     @property
     def residency(self) -> Residency:
@@ -437,7 +438,7 @@ class Engine:
     @property
     def ready(self) -> bool:
         """It serves: its model loaded, or unloaded while idle and loaded again on demand."""
-        return self._model.ready and not self._stopping.is_set()
+        return self._model.ready and not self._stopping.is_set() and self._broken is None
 
     @property
     def stopping(self) -> bool:
@@ -485,8 +486,14 @@ class Engine:
             self._unload_asked = True
         if self.unload_if_idle():
             return True
+        if self._unloaded_as_asked():  # by the residency thread, which saw the order first
+            return True
         self._wake.set()  # the residency thread unloads it once the last generation ends
         return False
+
+    def _unloaded_as_asked(self) -> bool:
+        with self._lock:
+            return self._model.state == Residency.UNLOADED and not self._unload_asked
 
     def unload_if_idle(self) -> bool:
         """Free the model now unless something runs or waits (or it is out already)."""
@@ -531,6 +538,8 @@ class Engine:
         with self._lock:
             if self._stopping.is_set():
                 raise EngineOverloaded("the server is shutting down")
+            if self._broken:
+                raise EngineOverloaded(f"the model can't serve ({self._broken})")
             waiting = self.active + len(self._jobs) - self.max_concurrent
             if waiting >= self.max_queue:
                 raise EngineOverloaded(f"{waiting} generations are already waiting")
@@ -829,22 +838,59 @@ class Engine:
         if self._model.error:  # its batch could not be set up after this load
             raise ModelNotLoaded(f"the model is not loaded ({self._model.error})")
         try:
-            self._batch = open_batch(
+            batch = open_batch(
                 generator, max_rows=self.max_concurrent, cuda_graphs=self.cuda_graphs, row_tokens=self.slot_tokens
             )
         except Exception as error:  # e.g. no memory for the key/value slots: every job is told why
             logger.exception("The batch could not be set up")
             self._model.error = f"{type(error).__name__}: {error}"  # setting up the batch is part of loading
             raise ModelNotLoaded(f"the model is not loaded ({self._model.error})") from error
-        return self._batch
+        # Static slots sized down to the memory free: no more rows than they hold run at once.
+        self.max_concurrent = min(self.max_concurrent, getattr(batch, "capacity", self.max_concurrent))
+        self._batch = batch
+        return batch
+
+    def _open_batch_now(self) -> None:
+        """On the static path, open the batch as soon as the model has loaded, before any
+        job is taken: its slots are sized (and `max_concurrent` lowered to what they hold)
+        and its graphs captured at start-up, not in a request. Counted as active
+        meanwhile, so that the model can't be unloaded under it."""
+        with self._lock:
+            generator = self._model.generator
+            if self._model.state != Residency.LOADED or not wants_static(generator, self.cuda_graphs):
+                return  # the dynamic path's batch costs nothing to open with the first job
+            self.active += 1
+        try:
+            self._open_batch()
+        except ModelNotLoaded:
+            pass  # logged; each job is told at its turn
+        finally:
+            with self._lock:
+                self.active -= 1
 
     def _batch_loop(self) -> None:
         """The batched scheduler: one thread stepping every running generation together."""
         self._model.wait_first_load()
+        self._open_batch_now()
         runs: dict[Sequence, _Run] = {}
         outbox: list[Event] = []
-        while (jobs := self._take(self.max_concurrent - len(runs), wait=not runs, decoding=len(runs))) is not None:
-            self._batch_step(jobs, runs, outbox)
+        try:
+            while (jobs := self._take(self.max_concurrent - len(runs), wait=not runs, decoding=len(runs))) is not None:
+                self._batch_step(jobs, runs, outbox)
+        except BaseException as error:  # a failure outside any step's own handling
+            self._die(error, runs)
+
+    def _die(self, error: BaseException, runs: dict[Sequence, _Run]) -> None:
+        """The decoding thread can't go on: every generation running or waiting ends with
+        an error, new ones are refused, and the engine is no longer ready (/readyz says
+        why), rather than a live-looking engine whose jobs hang."""
+        logger.critical("The batched decoding thread failed; this model serves nothing more", exc_info=error)
+        with self._lock:
+            self._broken = f"the decoding thread stopped: {type(error).__name__}"
+        for run in runs.values():
+            self._finish(run, run.failed(error if isinstance(error, Exception) else RuntimeError(self._broken)))
+        runs.clear()
+        self._fail_waiting(self._broken)
 
     def _batch_step(self, jobs: list[Job], runs: dict[Sequence, _Run], outbox: list[Event]) -> None:
         """The jobs taken join the batch, then every row decodes a token. A frame of its

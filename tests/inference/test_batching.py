@@ -386,3 +386,39 @@ def test_a_row_whose_decoding_step_fails_fails_alone_and_the_others_go_on(
     assert any(e.type == "token" for e in failed)  # what it made before its step failed was sent
     assert streamed_text(store, "long")[0] == expected["long"]
     assert streamed_text(store, "other")[0] == expected["other"]
+
+
+def test_a_decoding_thread_that_dies_ends_every_job_and_the_engine_stops_saying_ready(monkeypatch, caplog):
+    """What a poisoned CUDA stream did (the next failed step's empty_cache() raised in the
+    batch thread): here a step and then the batch's own clean-up fail."""
+    from inference.batching import SyntheticBatch
+
+    both_submitted = threading.Event()
+
+    def step_fails(self):
+        both_submitted.wait(5)
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    def cleanup_fails(self):
+        raise RuntimeError("empty_cache: operation not permitted when stream is capturing")
+
+    store = InMemoryStreamStore()
+    engine = Engine(lambda: SyntheticGenerator(tokens_per_s=50), store, max_concurrent=1, max_queue=4)
+    engine.start()
+    assert engine.wait_ready(timeout=10)
+    monkeypatch.setattr(SyntheticBatch, "step", step_fails)
+    monkeypatch.setattr(SyntheticBatch, "cancel_all", cleanup_fails)
+    engine.submit(Job("running", chat("hi")))
+    engine.submit(Job("waiting", chat("hi")))
+    both_submitted.set()
+    for name in ("running", "waiting"):
+        events = wait_for_terminal(store, name, timeout=10)
+        assert events[-1].type == "error"
+        assert events[-1].data["message"] == failure_message(name)
+    assert not engine.ready
+    assert "the decoding thread stopped: RuntimeError" in (engine.load_error or "")
+    with pytest.raises(EngineOverloaded, match="can't serve"):
+        engine.submit(Job("later", chat("hi")))
+    assert not store.exists("later")
+    assert "serves nothing more" in caplog.text
+    engine.stop(5)

@@ -5,13 +5,28 @@ GPU replays, so what it answers here is what a captured step computes there."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from inference import batching
 from inference import engine as engine_module
-from inference.batching import Sequence, StaticBatch, TransformersBatch, open_batch, row_bucket
+from inference.batching import (
+    Sequence,
+    SlotsDontFit,
+    StaticBatch,
+    TransformersBatch,
+    capture,
+    open_batch,
+    row_bucket,
+    slot_moves,
+    slots_that_fit,
+    static_shapes,
+    static_unsupported,
+)
 from inference.engine import Job, failure_message
 from inference.generators import ContextLengthExceeded, GenerationParams
 from tests.support.engines import install_engine, wait_for_terminal, wait_until
@@ -232,3 +247,199 @@ def test_a_batch_that_cannot_be_set_up_fails_each_job_and_the_engine_says_why(st
         assert "OutOfMemoryError" in (engine.load_error or "")
     finally:
         engine.stop(timeout=10)
+
+
+def test_a_departure_moves_one_row_from_beyond_the_end_into_each_freed_slot():
+    assert slot_moves([0, 1, 2, 3]) == []  # nobody left
+    assert slot_moves([0, 1, 2]) == []  # the last row left: nothing moves
+    assert slot_moves([1, 2, 3]) == [(3, 0)]  # the first left: the last takes its slot
+    assert slot_moves(list(range(1, 256))) == [(255, 0)]  # one copy, not 254
+    assert slot_moves([0, 2, 4, 5, 6]) == [(5, 1), (6, 3)]
+    assert slot_moves([3]) == [(3, 0)]
+
+
+def test_rows_leaving_from_the_front_keep_their_answers_after_their_slots_moved(smollm, alone):
+    batch = static_batch(smollm, max_rows=4)
+    answers = {}
+    lengths = {PROMPTS[0]: 3, PROMPTS[1]: 12, PROMPTS[2]: 6, PROMPTS[4]: 12}
+    for prompt, tokens in lengths.items():
+        batch.add(
+            Sequence(
+                chat(prompt),
+                greedy(tokens),
+                lambda text, p=prompt: answers.setdefault(p, []).append(text),
+                lambda: False,
+            )
+        )
+    while len(batch):
+        batch.step()
+    for prompt, tokens in lengths.items():
+        assert "".join(answers[prompt]) == alone(prompt, tokens)
+
+
+GIB = 2**30
+# An 8B model (Llama 3 8B): 32 layers, 8 key/value heads of 128, bfloat16.
+SLOT_8B = 2 * 32 * 8 * 4096 * 128 * 2
+
+
+def test_slots_are_sized_from_the_memory_free_once_and_never_past_it(caplog):
+    assert SLOT_8B == GIB // 2  # 256 slots: 128 GiB, the figure no GPU holds
+    assert slots_that_fit(256, SLOT_8B, 4096, None) == 256  # unknown: as configured
+    assert slots_that_fit(256, SLOT_8B, 4096, 200 * GIB) == 256
+    # An 80 GB card with 16 GB of weights: 62 GiB free, 80% of it for slots, 99 fit.
+    with caplog.at_level(logging.WARNING, logger="inference.batching"):
+        assert slots_that_fit(256, SLOT_8B, 4096, 62 * GIB) == 64
+    assert "256 slots of 4096 tokens need 128.0 GiB" in caplog.text
+    assert "at most 64 generations decode at once" in caplog.text
+    with pytest.raises(SlotsDontFit, match=r"not even one fits in 0.2 GiB .*GENERATION_SLOT_TOKENS"):
+        slots_that_fit(256, SLOT_8B, 4096, GIB // 4)
+
+
+def test_the_engine_runs_no_more_rows_than_the_memory_free_holds_from_start_up(
+    stream_store, smollm, alone, monkeypatch
+):
+    config = smollm.model.config
+    slot = 2 * config.num_hidden_layers * config.num_key_value_heads * 256 * 64 * 4  # float32
+    monkeypatch.setattr(batching, "available_memory", lambda device: int(2.5 * slot / batching.SLOT_MEMORY_SHARE))
+    engine = install_engine(
+        stream_store, smollm, scheduler="batched", max_concurrent=8, cuda_graphs="1", slot_tokens=256
+    )
+    try:
+        wait_until(lambda: engine.max_concurrent == 2, timeout=60)  # sized before any job came
+        for index in range(4):
+            engine.submit(Job(f"s{index}", chat(PROMPTS[index]), greedy(6)))
+        for index in range(4):
+            events = wait_for_terminal(stream_store, f"s{index}", timeout=120)
+            assert events[-1].type == "done"
+            assert "".join(e.data["delta"] for e in events if e.type == "token") == alone(PROMPTS[index], 6)
+    finally:
+        engine.stop(timeout=10)
+
+
+def test_every_step_shape_is_known_before_serving():
+    assert static_shapes(8, 256) == [(rows, width) for rows in (1, 2, 4, 8) for width in (64, 128, 256)]
+    assert len(static_shapes(256, 4096)) == 63  # 9 buckets by 7 widths
+    assert static_shapes(2, 16) == [(1, 16), (2, 16)]
+    assert static_shapes(512, 100)[-1] == (512, 100)
+
+
+def test_bitsandbytes_8bit_weights_never_take_the_graph_path(smollm, monkeypatch):
+    config = smollm.model.config
+    monkeypatch.setattr(config, "quantization_config", {"load_in_8bit": True}, raising=False)
+    assert "8-bit" in (static_unsupported(config) or "")
+    assert type(open_batch(smollm, max_rows=4, cuda_graphs="1", row_tokens=64)) is TransformersBatch
+    monkeypatch.setattr(config, "quantization_config", {"load_in_4bit": True}, raising=False)
+    assert static_unsupported(config) is None
+
+
+class _CaptureDevice:
+    """torch's CUDA calls that capture() makes, recorded: the test double of a device
+    whose capture fails as an invalidated one does (capture_end raises)."""
+
+    def __init__(self, *, end_fails: bool) -> None:
+        self.current = "default stream"
+        self.calls: list[tuple] = []
+        self.end_fails = end_fails
+        self.cuda = SimpleNamespace(synchronize=lambda: None, stream=self._stream)
+        self._C = SimpleNamespace(_cuda_endAllocateToPool=lambda *args: self.calls.append(("end_pool", *args)))
+
+    @contextlib.contextmanager
+    def _stream(self, stream):
+        previous, self.current = self.current, stream
+        try:
+            yield
+        finally:
+            self.current = previous
+
+    def graph(self):
+        device = self
+
+        class Graph:
+            def capture_begin(self, pool):
+                device.calls.append(("begin", pool, device.current))
+
+            def capture_end(self):
+                device.calls.append(("end", device.current))
+                if device.end_fails:
+                    raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+
+            def pool(self):
+                return "graph pool"
+
+            def reset(self):
+                device.calls.append(("reset",))
+
+        return Graph()
+
+
+CAPTURE_STREAM = SimpleNamespace(device=SimpleNamespace(index=0), name="capture stream")
+
+
+def test_a_failed_capture_leaves_the_stream_and_the_allocator_as_they_were():
+    device = _CaptureDevice(end_fails=True)
+    with pytest.raises(RuntimeError, match="stream is capturing"):
+        capture(device, device.graph(), "shared pool", CAPTURE_STREAM, lambda: "logits")
+    assert device.current == "default stream"  # torch.cuda.graph leaves the capture stream current
+    assert device.calls == [
+        ("begin", "shared pool", CAPTURE_STREAM),
+        ("end", CAPTURE_STREAM),
+        ("end_pool", 0, "graph pool"),  # the allocator stops sending allocations to the pool
+        ("reset",),
+    ]
+
+
+def test_a_step_failing_inside_a_capture_ends_the_capture_and_goes_on_as_its_error():
+    device = _CaptureDevice(end_fails=False)
+
+    def step():
+        raise ValueError("a kernel the graph can't hold")
+
+    with pytest.raises(ValueError, match="can't hold"):
+        capture(device, device.graph(), None, CAPTURE_STREAM, step)
+    assert device.current == "default stream"
+    assert [call[0] for call in device.calls] == ["begin", "end"]
+    device.calls.clear()
+    assert capture(device, device.graph(), None, CAPTURE_STREAM, lambda: "logits") == "logits"
+    assert device.current == "default stream"
+
+
+def test_shapes_whose_capture_fails_decode_eagerly_and_are_counted(smollm, alone, monkeypatch):
+    batch = static_batch(smollm, max_rows=2)
+    batch.cuda_graphs = True  # as on CUDA; every capture fails
+
+    def capture_fails(rows, width):
+        raise RuntimeError("capture failed")
+
+    monkeypatch.setattr(batch, "_capture", capture_fails)
+    pieces: list[str] = []
+    batch.add(Sequence(chat(PROMPTS[0]), greedy(8), pieces.append, lambda: False))
+    while len(batch):
+        batch.step()
+    assert "".join(pieces) == alone(PROMPTS[0], 8)
+    assert batch.failed_captures == 1  # one shape, tried once
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_a_replayed_graph_computes_what_the_eager_step_computes_on_the_same_inputs(smollm):
+    """On a GPU: graphs against eager forward on identical inputs (greedy texts equal
+    generate() only in float32, and the graphs run in the model's own dtype)."""
+    from inference.generators import TransformersGenerator
+
+    generator = TransformersGenerator("smollm-on-cuda", smollm.model.to("cuda"), smollm.tokenizer)
+    try:
+        batch = open_batch(generator, max_rows=4, cuda_graphs="1", row_tokens=256)
+        assert isinstance(batch, StaticBatch) and batch.cuda_graphs and batch.failed_captures == 0
+        for prompt in PROMPTS[:3]:
+            batch.add(Sequence(chat(prompt), greedy(8), lambda text: None, lambda: False))
+        batch.step()  # prefill
+        with torch.inference_mode():
+            count = len(batch._rows)
+            padded = row_bucket(count)
+            batch._ids[:padded, 0] = 7
+            batch._lengths[:padded] = torch.tensor([row.cached for row in batch._rows] + [0] * (padded - count))
+            width = batch._width()
+            eager = batch._forward(slice(0, padded), width).clone()
+            replayed = batch._replay(padded, width).clone()
+        torch.testing.assert_close(replayed[:count], eager[:count])
+    finally:
+        smollm.model.to("cpu")
