@@ -557,6 +557,9 @@ GENERATION_SCHEDULER = env_choice("GENERATION_SCHEDULER", "batched", ("batched",
 GENERATION_CUDA_GRAPHS = env_choice("GENERATION_CUDA_GRAPHS", "auto", ("auto", "0", "1"))
 # Each generation's key/value slot on the static path: prompt plus answer, in tokens.
 GENERATION_SLOT_TOKENS = env_int("GENERATION_SLOT_TOKENS", 4096, minimum=16)
+# With GENERATION_CUDA_GRAPHS=1 on a CPU: compile the static decoding step (torch.compile)
+# when the model loads, about 100 s on two cores, for steps 1.3-1.7x faster.
+GENERATION_COMPILE = env_bool("GENERATION_COMPILE", False)
 # Seconds with nothing running or waiting after which an engine (a web process's, a
 # Celery worker's) frees its model; the next generation loads it again. 0: never.
 CHAT_MODEL_IDLE_UNLOAD_S = env_int("CHAT_MODEL_IDLE_UNLOAD_S", 0, minimum=0)

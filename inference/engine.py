@@ -20,7 +20,7 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from inference.batching import Batch, Sequence, open_batch, wants_static
+from inference.batching import Batch, Sequence, forget_compiled_steps, open_batch, wants_static
 from inference.fair_queue import FairQueue
 from inference.generators import ChatTokenizer, GenerationOutcome, GenerationParams, Generator, Prompt, UnfitPrompt
 from inference.residency import (
@@ -362,6 +362,7 @@ class Engine:
         progress_interval_s: float = 2.0,
         cuda_graphs: str = "0",
         slot_tokens: int = 4096,
+        compiled: bool = False,
         idle_unload_s: float = 0.0,
         on_loaded: Callable[[float], None] | None = None,
         orders: Callable[[], ResidencyOrders] | None = None,
@@ -393,6 +394,7 @@ class Engine:
         self.progress_interval_s = progress_interval_s
         self.cuda_graphs = cuda_graphs  # GENERATION_CUDA_GRAPHS: how the batch decodes
         self.slot_tokens = slot_tokens
+        self.compiled = compiled  # GENERATION_COMPILE: the static step compiled where no graph runs it
         self.active = 0
         self.generated_tokens = 0
         self._jobs: FairQueue[Job] = FairQueue()
@@ -700,6 +702,8 @@ class Engine:
             batch, self._batch = self._batch, None
             generator = self._model.release()
         del batch, generator  # the last references: their tensors go now
+        if self.compiled:
+            forget_compiled_steps()  # what torch.compile keeps holds the frozen weights
         free_memory()
         logger.info("The model left memory (%s)", why)
         return True
@@ -839,7 +843,11 @@ class Engine:
             raise ModelNotLoaded(f"the model is not loaded ({self._model.error})")
         try:
             batch = open_batch(
-                generator, max_rows=self.max_concurrent, cuda_graphs=self.cuda_graphs, row_tokens=self.slot_tokens
+                generator,
+                max_rows=self.max_concurrent,
+                cuda_graphs=self.cuda_graphs,
+                row_tokens=self.slot_tokens,
+                compiled=self.compiled,
             )
         except Exception as error:  # e.g. no memory for the key/value slots: every job is told why
             logger.exception("The batch could not be set up")

@@ -443,3 +443,25 @@ def test_a_replayed_graph_computes_what_the_eager_step_computes_on_the_same_inpu
         torch.testing.assert_close(replayed[:count], eager[:count])
     finally:
         smollm.model.to("cpu")
+
+
+@pytest.mark.slow
+def test_the_compiled_step_answers_like_generate_as_rows_join_leave_and_widen(smollm, alone, caplog):
+    """GENERATION_COMPILE on a CPU: the same step through torch.compile (about 100 s of
+    compiling on two cores, the cost the log states)."""
+    try:
+        with caplog.at_level(logging.INFO, logger="inference.batching"):
+            batch = open_batch(smollm, max_rows=4, cuda_graphs="1", row_tokens=256, compiled=True)
+        assert "Compiled the decoding step in" in caplog.text
+        assert batch._step is not batch._forward
+        answers: dict[str, list[str]] = {}
+        lengths = {PROMPTS[0]: 40, PROMPTS[3]: 5, PROMPTS[4]: 40}  # past 64 columns: a wider step
+        for prompt, tokens in lengths.items():
+            batch.add(Sequence(chat(prompt), greedy(tokens), answers.setdefault(prompt, []).append, lambda: False))
+            batch.step()
+        while len(batch):
+            batch.step()
+        for prompt, tokens in lengths.items():
+            assert "".join(answers[prompt]) == alone(prompt, tokens)
+    finally:
+        batching.forget_compiled_steps()
