@@ -522,6 +522,7 @@ def main() -> None:
             "device": args.device or os.environ.get("CHAT_DEVICE", "auto"),
             "dtype": resolved_dtype(args),
             "cuda_graphs": os.environ.get("GENERATION_CUDA_GRAPHS", "auto"),
+            "compile": os.environ.get("GENERATION_COMPILE", "0"),
         },
         "server_process": server,
         **measured,

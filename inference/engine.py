@@ -376,6 +376,8 @@ class Engine:
         self.idle_unload_s = idle_unload_s  # 0: the model stays loaded
         self._batch: Batch | None = None  # the batched scheduler's, opened after each load
         self._broken: str | None = None  # why the decoding thread died, if it did: nothing runs
+        # Set once the batched scheduler opened what it opens at start-up (_open_batch_now).
+        self._prepared = threading.Event()
         self._busy_at = time.monotonic()  # when the last job ended
         self._used_at = self._busy_at  # when the last job came or ended (the budget's LRU order)
         self._orders = orders
@@ -388,6 +390,8 @@ class Engine:
             budget.join(self)
         self.store = store
         self.scheduler = scheduler
+        if scheduler != "batched":
+            self._prepared.set()  # nothing opens at start-up
         self.max_queue = max_queue
         self.max_concurrent = max_concurrent
         self.producer = producer
@@ -440,7 +444,9 @@ class Engine:
     @property
     def ready(self) -> bool:
         """It serves: its model loaded, or unloaded while idle and loaded again on demand."""
-        return self._model.ready and not self._stopping.is_set() and self._broken is None
+        if not self._prepared.is_set() or self._broken is not None:
+            return False
+        return self._model.ready and not self._stopping.is_set()
 
     @property
     def stopping(self) -> bool:
@@ -511,7 +517,9 @@ class Engine:
             return len(self._jobs)
 
     def wait_ready(self, timeout: float | None = None) -> bool:
-        self._model.wait_first_load(timeout)
+        started = time.monotonic()
+        if self._model.wait_first_load(timeout):
+            self._prepared.wait(None if timeout is None else max(0.0, started + timeout - time.monotonic()))
         return self.ready
 
     def start(self) -> None:
@@ -861,8 +869,9 @@ class Engine:
     def _open_batch_now(self) -> None:
         """On the static path, open the batch as soon as the model has loaded, before any
         job is taken: its slots are sized (and `max_concurrent` lowered to what they hold)
-        and its graphs captured at start-up, not in a request. Counted as active
-        meanwhile, so that the model can't be unloaded under it."""
+        and its graphs captured (or its step compiled) at start-up, not in a request, and
+        the engine says it is ready once that is done. Counted as active meanwhile, so
+        that the model can't be unloaded under it."""
         with self._lock:
             generator = self._model.generator
             if self._model.state != Residency.LOADED or not wants_static(generator, self.cuda_graphs):
@@ -879,7 +888,10 @@ class Engine:
     def _batch_loop(self) -> None:
         """The batched scheduler: one thread stepping every running generation together."""
         self._model.wait_first_load()
-        self._open_batch_now()
+        try:
+            self._open_batch_now()
+        finally:
+            self._prepared.set()  # ready from now on: /readyz waited for the compiling
         runs: dict[Sequence, _Run] = {}
         outbox: list[Event] = []
         try:
