@@ -10,7 +10,8 @@ unless it is there already: CMake, the `llama-server` target only, about 8 minut
 cores. Then serves the same GGUF file chatsite's model comes from (the one the tests give
 llama-cpp-python's server) with continuous batching and `--parallel` slots, and runs
 bench.concurrency's closed loop against it (`--url`): the same prompts, greedy,
-`--max-tokens`, the official `openai` client. Results: bench/results/concurrency-<label>.json.
+`--max-tokens`, the official `openai` client. Results: bench/results/concurrency-<label>.json,
+the server's log beside them (`….server.log`).
 
 Run it beside `python -m bench.concurrency --levels 1,8 …` for chatsite's configurations,
 one after the other on a quiet machine, and compare ratios of the same run
@@ -26,6 +27,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 from pathlib import Path
 
 from tests.support.livesite import ROOT, free_port, stop_process
@@ -79,6 +81,7 @@ def main() -> None:
     import django
 
     django.setup()
+    from bench.concurrency import write_server_log
     from inference.loading import assemble_gguf
     from inference.registry import resolve_model
     from tests.support.upstreams import APP_MODEL, wait_until_answering
@@ -93,8 +96,6 @@ def main() -> None:
         command += ["--threads", str(args.threads), "--ctx-size", str(2048 * args.parallel)]
         process = subprocess.Popen(command, stdout=log.open("ab"), stderr=subprocess.STDOUT)
         try:
-            import time
-
             wait_until_answering(
                 process,
                 f"http://127.0.0.1:{port}/v1/models",
@@ -111,6 +112,7 @@ def main() -> None:
             )
         finally:
             stop_process(process)
+            print(f"server log written to {write_server_log(args.label, log.read_text())}")
 
 
 if __name__ == "__main__":

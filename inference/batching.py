@@ -596,10 +596,8 @@ class StaticBatch(TransformersBatch):
     def _width(self) -> int:
         """The columns this step's attention reads: every row's tokens and its new one."""
         needed = max(row.cached for row in self._rows) + 1
-        width = SHORTEST_WIDTH
-        while width < needed:
-            width *= 2
-        return min(width, self.row_tokens)
+        widths = step_widths(self.row_tokens)
+        return next((width for width in widths if width >= needed), widths[-1])
 
     def _forward(self, slots: slice, width: int) -> torch.Tensor:
         """One decoding step of these slots' rows (inputs in the step tensors): their logits."""
@@ -791,17 +789,22 @@ def capture(torch: Any, graph: Any, pool: Any, stream: Any, step: Callable[[], T
     return result
 
 
-def static_shapes(capacity: int, row_tokens: int) -> list[tuple[int, int]]:
-    """Every (rows, width) shape a static step of at most `capacity` rows in slots of
-    `row_tokens` tokens runs at: each row bucket up to it, by each width up to the slots'."""
-    buckets = [size for size in ROW_BUCKETS if size < capacity] + [capacity]
+def step_widths(row_tokens: int) -> list[int]:
+    """The widths a static step reads, in slots of `row_tokens` tokens: powers of two from
+    SHORTEST_WIDTH, then the slots' whole width."""
     widths = []
     width = SHORTEST_WIDTH
     while width < row_tokens:
         widths.append(width)
         width *= 2
-    widths.append(row_tokens)
-    return [(rows, width) for rows in buckets for width in widths]
+    return [*widths, row_tokens]
+
+
+def static_shapes(capacity: int, row_tokens: int) -> list[tuple[int, int]]:
+    """Every (rows, width) shape a static step of at most `capacity` rows in slots of
+    `row_tokens` tokens runs at: each row bucket up to it, by each width (step_widths)."""
+    buckets = [size for size in ROW_BUCKETS if size < capacity] + [capacity]
+    return [(rows, width) for rows in buckets for width in step_widths(row_tokens)]
 
 
 def slot_moves(keep: list[int]) -> list[tuple[int, int]]:
