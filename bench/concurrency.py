@@ -458,7 +458,8 @@ def started_site(args: argparse.Namespace) -> LiveSite:
     """chatsite under daphne, configured from the flags, with the model prepared first."""
     env = site_env(args)
     prepare_model(env)
-    return LiveSite(env=env)
+    # Compiling the static step (GENERATION_COMPILE) holds readiness for minutes on a CPU.
+    return LiveSite(env=env, ready_timeout=900)
 
 
 def resolved_dtype(args: argparse.Namespace) -> str:

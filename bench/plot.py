@@ -28,8 +28,10 @@ def load_results(paths: list[Path]) -> list[dict[str, Any]]:
 
 
 def series_name(result: dict[str, Any]) -> str:
-    """Who served (and with which scheduler), in which dtype."""
+    """Who served (and with which scheduler), in which dtype; or the run's own label."""
     settings = result["settings"]
+    if result.get("label") not in (None, settings["scheduler"]):
+        return str(result["label"])
     if result["server"] == "chatsite":
         return f"chatsite, {settings['scheduler']}, {settings.get('dtype', '?')}"
     return f"transformers serve --cb, {settings.get('dtype', '?')}"

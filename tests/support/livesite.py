@@ -157,7 +157,11 @@ class LiveSite:
             stdout=self.log_path.open("ab"),
             stderr=subprocess.STDOUT,
         )
-        self.ready_after_s = self._wait_ready(started)
+        try:
+            self.ready_after_s = self._wait_ready(started)
+        except BaseException:  # `with` never reaches __exit__: a daphne left busy would slow all that follows
+            self.stop()
+            raise
 
     def kill(self) -> None:
         """End daphne abruptly (SIGKILL), as a crash or an OOM kill would."""
