@@ -130,7 +130,7 @@ def _budget_alerts_sent_before_the_flush(request) -> Iterator[None]:
     # (Autouse fixtures of plugins set up first, so this one's teardown precedes the flush.)
     yield
     if request.node.get_closest_marker("django_db"):
-        assert alerts_wait(30), "the budget alert sender was still busy after 30 s"
+        assert alerts_wait(15), "the budget alert sender was still busy after 15 s"
 
 
 @pytest.fixture(autouse=True)

@@ -38,12 +38,6 @@ class Webhook:
         return [body["text"] for status, body, _ in self.posts if status == 200]
 
 
-@pytest.fixture(autouse=True)
-def _alerts_sent_by_the_end() -> Iterator[None]:
-    yield
-    assert alerts.alerts_wait(15), "the alert sender did not finish"  # none reaches the next test
-
-
 @pytest.fixture
 def webhook(settings) -> Iterator[Webhook]:
     """A real HTTP server on a free local port, recording what it is posted."""
