@@ -541,8 +541,9 @@ STORAGES = {
 CHAT_MODEL = env_str("CHAT_MODEL", "smollm2-135m-instruct").strip()
 CHAT_DEVICE = env_device("CHAT_DEVICE", "auto")
 CHAT_DTYPE = env_choice("CHAT_DTYPE", "auto", ("auto", "float32", "bfloat16", "float16"))
-# Weights quantized by bitsandbytes at load time (CUDA only): a 7-8B model in 5-10 GB.
-CHAT_QUANTIZATION = env_choice("CHAT_QUANTIZATION", "none", ("none", "bnb-4bit", "bnb-8bit"))
+# Weights quantized at load time: `int8` weight-only by torchao (any device; pays with
+# GENERATION_COMPILE on a CPU), or by bitsandbytes (CUDA only: a 7-8B model in 5-10 GB).
+CHAT_QUANTIZATION = env_choice("CHAT_QUANTIZATION", "none", ("none", "int8", "bnb-4bit", "bnb-8bit"))
 MODEL_CACHE_DIR = Path(env_str("MODEL_CACHE_DIR", ".cache/models"))
 if not MODEL_CACHE_DIR.is_absolute():
     MODEL_CACHE_DIR = BASE_DIR / MODEL_CACHE_DIR
@@ -560,6 +561,10 @@ GENERATION_SLOT_TOKENS = env_int("GENERATION_SLOT_TOKENS", 4096, minimum=16)
 # With GENERATION_CUDA_GRAPHS=1 on a CPU: compile the static decoding step (torch.compile)
 # when the model loads, about 100 s on two cores, for steps 1.3-1.7x faster.
 GENERATION_COMPILE = env_bool("GENERATION_COMPILE", False)
+# Threads a model on a CPU computes each step with (torch's intra-op threads), in each
+# engine; unset: one per core. Fewer leave cores to the web server and other models
+# (docs/deployment.md: Threads).
+GENERATION_THREADS = env_optional_int("GENERATION_THREADS", minimum=1)
 # Seconds with nothing running or waiting after which an engine (a web process's, a
 # Celery worker's) frees its model; the next generation loads it again. 0: never.
 CHAT_MODEL_IDLE_UNLOAD_S = env_int("CHAT_MODEL_IDLE_UNLOAD_S", 0, minimum=0)
@@ -660,5 +665,10 @@ LOGGING = {
         # chatsite.access writes every request once, with its status: Django's own
         # "Not Found: /path" warnings would say it twice.
         "django.request": {"level": "ERROR"},
+        # transformers imports torchao (CHAT_QUANTIZATION=int8's library) whenever a model
+        # loads; on a CPU it warns of CUDA kernels and Triton it cannot load, and its enums
+        # draw a deprecation warning from torch: noise at every load, with nothing to act on.
+        "torchao": {"level": "ERROR"},
+        "torch.utils._pytree": {"level": "ERROR"},
     },
 }

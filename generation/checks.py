@@ -20,6 +20,12 @@ from inference.registry import UnknownModel, resolve_model
 from inference.upstream import Endpoint, endpoint_from_json
 
 TAG = "chatsite"
+# CHAT_QUANTIZATION's libraries: the package each value imports, and where it comes from.
+QUANTIZATION_PACKAGES = {
+    "int8": ("torchao", "requirements.lock"),
+    "bnb-4bit": ("bitsandbytes", "requirements-cuda.lock"),
+    "bnb-8bit": ("bitsandbytes", "requirements-cuda.lock"),
+}
 
 
 def configured_upstreams() -> list[Endpoint]:
@@ -34,11 +40,12 @@ def model_settings_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMe
         resolve_model(settings.CHAT_MODEL, synthetic_enabled=settings.CHAT_ENABLE_SYNTHETIC)
     except UnknownModel as error:
         errors.append(Error(f"CHAT_MODEL: {error}", id="chatsite.E001"))
-    if settings.CHAT_QUANTIZATION != "none" and importlib.util.find_spec("bitsandbytes") is None:
+    package, where = QUANTIZATION_PACKAGES.get(settings.CHAT_QUANTIZATION, (None, ""))
+    if package and importlib.util.find_spec(package) is None:
         errors.append(
             Error(
-                f"CHAT_QUANTIZATION: {settings.CHAT_QUANTIZATION} needs the bitsandbytes package "
-                "(requirements-cuda.lock), which is not installed.",
+                f"CHAT_QUANTIZATION: {settings.CHAT_QUANTIZATION} needs the {package} package ({where}), "
+                "which is not installed.",
                 id="chatsite.E002",
             )
         )

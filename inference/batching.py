@@ -534,7 +534,7 @@ class StaticBatch(TransformersBatch):
         # The eager step, or the same step compiled (compile_now) where no graph replays it.
         self._step: Callable[[slice, int], Any] = self._forward
         if compiled and not cuda_graphs:
-            self._step = compiled_step(self._forward)
+            self._step = compiled_step(self._forward, freeze=plain_weights(self.model))
         self._filled = 0  # slots taken, rows joined in this step included
         megabytes = 2 * len(self._keys) * self._keys[0].numel() * self._keys[0].element_size() / 2**20
         logger.info(
@@ -739,20 +739,30 @@ class StaticBatch(TransformersBatch):
         self._filled = len(self._rows)
 
 
-def compiled_step(step: Callable[[slice, int], torch.Tensor]) -> Callable[[slice, int], torch.Tensor]:
+def compiled_step(
+    step: Callable[[slice, int], torch.Tensor], *, freeze: bool = True
+) -> Callable[[slice, int], torch.Tensor]:
     """`step` compiled by torch.compile's inductor (C++ on a CPU), with the weights frozen
-    into the graph as constants (oneDNN's packed layouts for the matrix products).
+    into the graph as constants (oneDNN's packed layouts for the matrix products) when
+    `freeze`.
 
     Dynamic shapes: rows and width are symbols, so two graphs (one row, more rows) serve
     every step, compiled in about 50 s each on two cores; one graph per (rows, width)
     shape, as CUDA graphs have, would be 28 compiles of some 25 s at 8 rows. Measured
     on SmolLM2-135M in bfloat16, two cores (docs/benchmarks.md): a step of one row 22.4
-    → 13.3 ms, of eight 26.0 → 19.7 ms."""
+    → 13.3 ms, of eight 26.0 → 19.7 ms. Weights quantized by torchao (CHAT_QUANTIZATION=int8)
+    are not frozen: folded into constants they are widened back to bfloat16 at every step
+    (a whole answer at 0.70 of the unfrozen speed)."""
     import torch
-    import torch._inductor.config
 
-    torch._inductor.config.freezing = True
-    return torch.compile(step, dynamic=True)
+    return torch.compile(step, dynamic=True, options={"freezing": freeze})
+
+
+def plain_weights(model: Any) -> bool:
+    """Whether every weight is an ordinary tensor (not one of torchao's quantized ones)."""
+    import torch
+
+    return all(type(parameter) in (torch.nn.Parameter, torch.Tensor) for parameter in model.parameters())
 
 
 def forget_compiled_steps() -> None:

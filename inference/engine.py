@@ -363,6 +363,7 @@ class Engine:
         cuda_graphs: str = "0",
         slot_tokens: int = 4096,
         compiled: bool = False,
+        threads: int | None = None,
         idle_unload_s: float = 0.0,
         on_loaded: Callable[[float], None] | None = None,
         orders: Callable[[], ResidencyOrders] | None = None,
@@ -399,6 +400,7 @@ class Engine:
         self.cuda_graphs = cuda_graphs  # GENERATION_CUDA_GRAPHS: how the batch decodes
         self.slot_tokens = slot_tokens
         self.compiled = compiled  # GENERATION_COMPILE: the static step compiled where no graph runs it
+        self.threads = threads  # GENERATION_THREADS: a CPU model's threads; None: torch's own (a core each)
         self.active = 0
         self.generated_tokens = 0
         self._jobs: FairQueue[Job] = FairQueue()
@@ -823,9 +825,19 @@ class Engine:
 
     def _work(self) -> None:
         """A sequential worker: one generate() call at a time."""
+        self._use_threads()
         self._model.wait_first_load()
         while jobs := self._take(1, wait=True):
             self._generate_alone(jobs[0])
+
+    def _use_threads(self) -> None:
+        """The calling thread's torch operators split over `threads` threads (torch keeps
+        the setting per thread: the embedder's and other engines' are their own)."""
+        if self.threads is not None:
+            import torch
+
+            torch.get_num_threads()  # torch sets a thread up on its first call: not after ours
+            torch.set_num_threads(self.threads)
 
     def _generate_alone(self, job: Job) -> None:
         """One job's own generate() call, then its result saved and its terminal event."""
@@ -887,6 +899,7 @@ class Engine:
 
     def _batch_loop(self) -> None:
         """The batched scheduler: one thread stepping every running generation together."""
+        self._use_threads()
         self._model.wait_first_load()
         try:
             self._open_batch_now()

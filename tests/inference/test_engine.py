@@ -198,6 +198,33 @@ def test_engine_runs_up_to_max_concurrent_jobs_at_once(scheduler):
     assert engine.active == 0
 
 
+class _ThreadCounting(SyntheticGenerator):
+    """Notes torch's thread count on the thread that generates (the engine's own)."""
+
+    seen: list[int]
+
+    def count_prompt_tokens(self, prompt):
+        import torch
+
+        self.seen.append(torch.get_num_threads())
+        return super().count_prompt_tokens(prompt)
+
+
+def test_generation_threads_set_the_engines_torch_threads_not_the_callers(scheduler):
+    import torch
+
+    generator = _ThreadCounting(tokens_per_s=200, answer_words=2)
+    generator.seen = []
+    before = torch.get_num_threads()
+    store = InMemoryStreamStore()
+    engine = Engine(lambda: generator, store, scheduler=scheduler, threads=before + 1)
+    engine.submit(Job("s1", PROMPT))
+    wait_for_terminal(store, "s1")
+    engine.stop(5)
+    assert generator.seen and set(generator.seen) == {before + 1}
+    assert torch.get_num_threads() == before
+
+
 def test_engine_beats_as_its_producer_while_running(scheduler):
     store = InMemoryStreamStore()
     engine = Engine(lambda: SyntheticGenerator(tokens_per_s=100), store, producer="web-1", scheduler=scheduler)
