@@ -524,6 +524,8 @@ def main() -> None:
             "dtype": resolved_dtype(args),
             "cuda_graphs": os.environ.get("GENERATION_CUDA_GRAPHS", "auto"),
             "compile": os.environ.get("GENERATION_COMPILE", "0"),
+            "threads": os.environ.get("GENERATION_THREADS", "a core each"),
+            "quantization": os.environ.get("CHAT_QUANTIZATION", "none"),
         },
         "server_process": server,
         **measured,

@@ -68,6 +68,60 @@ def build() -> Path:
     return SERVER
 
 
+class LlamaServer:
+    """`with LlamaServer(parallel=8, threads=2) as server:` builds llama-server if need be,
+    serves the packaged GGUF with continuous batching and waits until it answers; its
+    OpenAI API at `server.base_url`, the model named `server.model`. Needs Django set up
+    (the GGUF comes from the model registry). `cpus` (`taskset -c` form) pins it.
+
+    The same attributes as tests.support.upstreams.TransformersServe, so that bench.upstream
+    can put chatsite in front of either."""
+
+    model = MODEL_ALIAS
+
+    def __init__(self, *, parallel: int = 8, threads: int = os.cpu_count() or 2, cpus: str | None = None) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="llama-server-")
+        self.parallel, self.threads, self.cpus = parallel, threads, cpus
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self.log_path = Path(self._tmp.name) / "server.log"
+        self.command: list[str] = []
+        self.process: subprocess.Popen[bytes] | None = None
+        self.ready_after_s: float | None = None
+        self.warm_up_s: float | None = None  # bench.concurrency's warm-up serves it
+
+    def __enter__(self) -> LlamaServer:
+        from inference.loading import assemble_gguf
+        from inference.registry import resolve_model
+        from tests.support.upstreams import APP_MODEL, wait_until_answering
+
+        server = build()
+        gguf = assemble_gguf(resolve_model(APP_MODEL), Path(self._tmp.name))
+        command = ["taskset", "-c", self.cpus] if self.cpus else []
+        command += [str(server), "--model", str(gguf), "--alias", self.model, "--host", "127.0.0.1"]
+        command += ["--port", str(self.port), "--parallel", str(self.parallel), "--cont-batching"]
+        command += ["--threads", str(self.threads), "--ctx-size", str(2048 * self.parallel)]
+        self.command = command
+        started = time.monotonic()
+        self.process = subprocess.Popen(command, stdout=self.log_path.open("ab"), stderr=subprocess.STDOUT)
+        try:
+            deadline = started + 120
+            wait_until_answering(self.process, f"{self.base_url}/models", deadline, name="llama-server", log=self.log)
+        except BaseException:
+            self.__exit__()
+            raise
+        self.ready_after_s = time.monotonic() - started
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.process:
+            stop_process(self.process)
+        self._tmp.cleanup()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--levels", default="1,8")
@@ -82,37 +136,15 @@ def main() -> None:
 
     django.setup()
     from bench.concurrency import write_server_log
-    from inference.loading import assemble_gguf
-    from inference.registry import resolve_model
-    from tests.support.upstreams import APP_MODEL, wait_until_answering
 
-    server = build()
-    with tempfile.TemporaryDirectory(prefix="llama-server-") as tmp:
-        gguf = assemble_gguf(resolve_model(APP_MODEL), Path(tmp))
-        port = free_port()
-        log = Path(tmp) / "server.log"
-        command = [str(server), "--model", str(gguf), "--alias", MODEL_ALIAS, "--host", "127.0.0.1"]
-        command += ["--port", str(port), "--parallel", str(args.parallel), "--cont-batching"]
-        command += ["--threads", str(args.threads), "--ctx-size", str(2048 * args.parallel)]
-        process = subprocess.Popen(command, stdout=log.open("ab"), stderr=subprocess.STDOUT)
+    server = LlamaServer(parallel=args.parallel, threads=args.threads)
+    with server:
         try:
-            wait_until_answering(
-                process,
-                f"http://127.0.0.1:{port}/v1/models",
-                time.monotonic() + 120,
-                name="llama-server",
-                log=log.read_text,
-            )
-            target = ["--url", f"http://127.0.0.1:{port}", "--api-key", "none", "--model", MODEL_ALIAS]
+            target = ["--url", server.base_url.removesuffix("/v1"), "--api-key", "none", "--model", server.model]
             load = ["--levels", args.levels, "--max-tokens", str(args.max_tokens), "--label", args.label]
-            subprocess.run(
-                [sys.executable, "-m", "bench.concurrency", *target, *load],
-                cwd=ROOT,
-                check=True,
-            )
+            subprocess.run([sys.executable, "-m", "bench.concurrency", *target, *load], cwd=ROOT, check=True)
         finally:
-            stop_process(process)
-            print(f"server log written to {write_server_log(args.label, log.read_text())}")
+            print(f"server log written to {write_server_log(args.label, server.log())}")
 
 
 if __name__ == "__main__":

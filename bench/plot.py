@@ -2,8 +2,8 @@
 
     python -m bench.plot [RESULTS.json ...] [--output docs/concurrency.png]
 
-Without files, takes every bench/results/concurrency-*.json measured off a GPU (each
-chatsite scheduler run, and the peer), one line per file. Two panels, log-scaled
+Without files, takes the runs `make bench-concurrency` makes (CONCURRENCY_RUNS: each
+chatsite scheduler, and the peer), one line per file. Two panels, log-scaled
 concurrency axis. Needs matplotlib (bench/requirements.txt).
 """
 
@@ -20,11 +20,13 @@ from tests.support.livesite import ROOT
 OUTPUT = ROOT / "docs" / "concurrency.png"
 
 
+# docs/concurrency.png's lines (docs/benchmarks.md: Concurrency); other runs are plotted by name.
+CONCURRENCY_RUNS = ("batched", "batched-float32", "peer", "peer-bfloat16", "sequential")
+
+
 def load_results(paths: list[Path]) -> list[dict[str, Any]]:
-    if paths:
-        return [json.loads(path.read_text()) for path in paths]
-    found = [json.loads(path.read_text()) for path in sorted(RESULTS_DIR.glob("concurrency-*.json"))]
-    return [result for result in found if not str(result["settings"].get("device", "")).startswith("cuda")]
+    paths = paths or [RESULTS_DIR / f"concurrency-{label}.json" for label in CONCURRENCY_RUNS]
+    return [json.loads(path.read_text()) for path in paths]
 
 
 def series_name(result: dict[str, Any]) -> str:

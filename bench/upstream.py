@@ -1,8 +1,13 @@
-"""chatsite in front of `transformers serve`, against the same server called directly, same run.
+"""chatsite in front of a model server, against the same server called directly, same run.
 
-    python -m bench.upstream [--levels 1,8] [--rounds 2] [--requests N] [--max-tokens 128]
-        [--client openai|httpx] [--no-continuous-batching] [--server-cpus 1]
-        [--results bench/results/upstream.json]
+    python -m bench.upstream [--server transformers|llama-server] [--levels 1,8] [--rounds 2]
+        [--requests N] [--max-tokens 128] [--client openai|httpx] [--no-continuous-batching]
+        [--server-cpus 1] [--results bench/results/upstream.json]
+
+`--server llama-server` puts chatsite in front of llama.cpp's own server instead
+(bench.llama_server.LlamaServer: the packaged Q4 GGUF, `--parallel 8 --cont-batching`, a
+thread per core), the fastest server there is for this model on a CPU (#37): its target
+is tokens/s >= 0.95 x direct; its results go to bench/results/upstream-llama-server.json.
 
 Starts `transformers serve` (tests.support.upstreams.TransformersServe: the converted weights
 chatsite itself loads, SmolLM2-135M-Instruct, on CPU in float32, with continuous batching
@@ -53,12 +58,14 @@ from bench.concurrency import (
     warm_up,
     without_records,
 )
+from bench.llama_server import LlamaServer
 from tests.support.livesite import LiveSite, log_errors
 from tests.support.upstreams import TransformersServe
 
 RESULTS = Path(os.environ.get("BENCH_RESULTS_DIR") or RESULTS_DIR) / "upstream.json"
 PUBLIC_MODEL = "smol-upstream"
-THROUGHPUT_TARGET = 0.97  # chatsite tokens/s ÷ direct tokens/s, at least
+# chatsite tokens/s ÷ direct tokens/s, at least, by server (#16 and #37)
+THROUGHPUT_TARGETS = {"transformers": 0.97, "llama-server": 0.95}
 TTFT_TARGET_MS = 10.0  # chatsite TTFT median - direct TTFT median, at most
 GAP_TARGET_MS = 1.0  # chatsite chunk-gap median - direct chunk-gap median, at most
 
@@ -72,7 +79,7 @@ class Way:
     pid: int
 
 
-def site_env(upstream: TransformersServe, max_level: int) -> dict[str, str]:
+def site_env(upstream: TransformersServe | LlamaServer, max_level: int) -> dict[str, str]:
     """chatsite's environment: the upstream as its model `smol-upstream`, room for every stream."""
     entry = {
         "model": PUBLIC_MODEL,
@@ -136,7 +143,7 @@ def comparison(direct: dict[str, Any], chatsite: dict[str, Any]) -> dict[str, An
     }
 
 
-def over_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+def over_rounds(rounds: list[dict[str, Any]], throughput_target: float) -> dict[str, Any]:
     """A level's medians over its rounds' comparisons, and the targets on them."""
 
     def median(key: str) -> float | None:
@@ -145,7 +152,7 @@ def over_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
     ratio, ttft_ms, gap_ms = median("tokens_per_s_ratio"), median("ttft_median_diff_ms"), median("gap_median_diff_ms")
     targets = {
-        f"chatsite tokens/s >= {THROUGHPUT_TARGET} x direct": ratio is not None and ratio >= THROUGHPUT_TARGET,
+        f"chatsite tokens/s >= {throughput_target} x direct": ratio is not None and ratio >= throughput_target,
         f"TTFT median chatsite - direct <= +{TTFT_TARGET_MS:.0f} ms": ttft_ms is not None and ttft_ms <= TTFT_TARGET_MS,
         f"gap median chatsite - direct <= +{GAP_TARGET_MS:.0f} ms": gap_ms is not None and gap_ms <= GAP_TARGET_MS,
         "no failed request": all(r["errors"] == 0 for r in rounds),
@@ -190,6 +197,7 @@ def main() -> None:
     add_load_arguments(parser)
     parser.set_defaults(levels=[1, 8])
     parser.add_argument("--rounds", type=int, default=2, help="rounds per level on each way, alternated")
+    parser.add_argument("--server", choices=sorted(THROUGHPUT_TARGETS), default="transformers")
     parser.add_argument(
         "--continuous-batching",
         action=argparse.BooleanOptionalAction,
@@ -200,8 +208,10 @@ def main() -> None:
         "--server-cpus",
         help="run the model server on these CPUs (taskset -c form), chatsite and the client on the rest",
     )
-    parser.add_argument("--results", type=Path, default=RESULTS, help="where the JSON goes")
+    parser.add_argument("--results", type=Path, help="where the JSON goes")
     args = parser.parse_args()
+    if args.results is None:
+        args.results = RESULTS if args.server == "transformers" else RESULTS.with_name(f"upstream-{args.server}.json")
     if args.rounds < 1:
         parser.error("--rounds is at least 1")
     server_cpus = parse_cpus(args.server_cpus) if args.server_cpus else None
@@ -211,14 +221,22 @@ def main() -> None:
     max_level = max(args.levels)
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
-    serve = TransformersServe(
-        continuous_batching=args.continuous_batching,
-        max_streams=max_level,
-        max_tokens=args.max_tokens,
-        cpus=args.server_cpus,
-    )
+    serve: TransformersServe | LlamaServer
+    if args.server == "llama-server":
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
+        import django
+
+        django.setup()  # the GGUF comes from chatsite's model registry
+        serve = LlamaServer(parallel=max(8, max_level), cpus=args.server_cpus)
+    else:
+        serve = TransformersServe(
+            continuous_batching=args.continuous_batching,
+            max_streams=max_level,
+            max_tokens=args.max_tokens,
+            cpus=args.server_cpus,
+        )
     with serve as upstream:
-        print(f"transformers serve: /health after {upstream.ready_after_s:.1f} s", flush=True)
+        print(f"{args.server}: ready after {upstream.ready_after_s:.1f} s", flush=True)
         with LiveSite(env=site_env(upstream, max_level)) as site:
             assert upstream.process is not None and site.process is not None
             if front_cpus:
@@ -246,10 +264,10 @@ def main() -> None:
             for level in args.levels:
                 measured = measure_level(ways, level, args)
                 rounds = [{**r, **comparison(r["direct"], r["chatsite"])} for r in measured]
-                levels[level] = {"rounds": rounds, **over_rounds(rounds)}
+                levels[level] = {"rounds": rounds, **over_rounds(rounds, THROUGHPUT_TARGETS[args.server])}
                 print_level(level, levels[level])
             servers = {
-                "transformers serve": {
+                args.server: {
                     "command": upstream.command,
                     "ready_after_s": upstream.ready_after_s,
                     "warm_up_s": upstream.warm_up_s,
@@ -274,12 +292,19 @@ def main() -> None:
         "settings": {
             **load_settings(args),
             "rounds": args.rounds,
-            "continuous_batching": args.continuous_batching,
-            "cb_num_blocks": serve.cache_blocks if args.continuous_batching else None,
+            "server": args.server,
+            **(
+                {"parallel": serve.parallel, "threads": serve.threads, "weights": "Q4 GGUF"}
+                if isinstance(serve, LlamaServer)
+                else {
+                    "continuous_batching": args.continuous_batching,
+                    "cb_num_blocks": serve.cache_blocks if args.continuous_batching else None,
+                    "dtype": "float32",
+                }
+            ),
             "device": "cpu",
             "server_cpus": sorted(server_cpus) if server_cpus else "shared",
             "front_cpus": sorted(front_cpus) if front_cpus else "shared",
-            "dtype": "float32",
             "chatsite_model": PUBLIC_MODEL,
         },
         "servers": servers,

@@ -1,7 +1,8 @@
 """Where chatsite's web process spends its time streaming a model server's answers.
 
-    python -m bench.upstream_profile [--level 8] [--chunks 64] [--seconds 30] [--py-spy PATH]
-        [--gil] [--raw PATH] [--results bench/results/upstream_profile.json]
+    python -m bench.upstream_profile [--server lockstep|llama-server] [--level 8] [--chunks 64]
+        [--seconds 30] [--py-spy PATH] [--gil] [--raw PATH]
+        [--results bench/results/upstream_profile.json]
 
 bench.upstream_cost says how much CPU chatsite takes per chunk; this says on what. The
 scripted server of that bench (bench.lockstep_server) serves bursts of --level streams
@@ -15,6 +16,12 @@ With --gil, only samples of the thread holding the GIL count (a thread waiting f
 after each SQLite call or socket write, would otherwise look busy where it waits). With
 --raw, py-spy's stacks are kept there (one line per stack and its count) for a
 closer look than by stage.
+
+`--server llama-server` profiles chatsite in front of llama.cpp's own server instead
+(bench.llama_server.LlamaServer, the packaged GGUF, #37): real tokens at the speed of the
+fastest server for this model on a CPU, sharing the cores with chatsite as it would on a
+small box. An answer may end before --chunks (the model's end of text): chunks are
+counted as the client receives them.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.llama_server import LlamaServer
 from bench.upstream_cost import MODEL, burst, start_lockstep_server
 from tests.support.livesite import ROOT, LiveSite, unlimited_api_key
 
@@ -77,8 +85,20 @@ def summarize(raw: Path, chunks: int) -> dict[str, dict[str, float]]:
     }
 
 
+def llama_server_env(stack: contextlib.ExitStack, level: int) -> dict[str, str]:
+    """llama-server started (stopped with `stack`), and the CHAT_UPSTREAMS of a chatsite in front of it."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
+    import django
+
+    django.setup()  # the GGUF comes from chatsite's model registry
+    server = stack.enter_context(LlamaServer(parallel=max(8, level)))
+    upstream = {"model": MODEL, "base_url": server.base_url, "upstream_model": server.model, "max_concurrent": 64}
+    return {"CHAT_UPSTREAMS": json.dumps([upstream])}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--server", choices=("lockstep", "llama-server"), default="lockstep")
     parser.add_argument("--level", type=int, default=8)
     parser.add_argument("--chunks", type=int, default=64)
     parser.add_argument("--seconds", type=int, default=30)
@@ -93,7 +113,10 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="chatsite-upstream-profile-")))
         raw = scratch / "profile.txt"
-        _, _, _, env = start_lockstep_server(stack, scratch, args.chunks, 0.02)
+        if args.server == "llama-server":
+            env = llama_server_env(stack, args.level)
+        else:
+            _, _, _, env = start_lockstep_server(stack, scratch, args.chunks, 0.02)
         site = stack.enter_context(LiveSite(env=env))
         assert site.process is not None
         key = unlimited_api_key(site)
@@ -104,17 +127,17 @@ def main() -> None:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        bursts, stop_at = 0, time.monotonic() + args.seconds - 2  # all within the recording
+        bursts, chunks, stop_at = 0, 0, time.monotonic() + args.seconds - 2  # all within the recording
         while time.monotonic() < stop_at:
-            asyncio.run(burst(site.base_url, key, MODEL, args.level, args.chunks))
+            received = asyncio.run(burst(site.base_url, key, MODEL, args.level, args.chunks))
             bursts += 1
+            chunks += len(received["ttfts"]) + len(received["gaps"])
         spy.wait()
-        chunks = bursts * args.level * args.chunks
         groups = summarize(raw, chunks)
         if args.raw:
             shutil.copyfile(raw, args.raw)
 
-    print(f"{bursts} bursts of {args.level} streams x {args.chunks} chunks; ms per chunk by stage:")
+    print(f"{bursts} bursts of {args.level} streams, {chunks} chunks; ms per chunk by stage:")
     for group, stages in groups.items():
         busy = sum(stages.values())
         print(f"  {group}: {busy:.3f} ms per chunk")
@@ -126,11 +149,13 @@ def main() -> None:
         "cpu_count": os.cpu_count(),
         "loadavg_end": os.getloadavg(),
         "settings": {
+            "server": args.server,
             "level": args.level,
             "chunks": args.chunks,
             "seconds": args.seconds,
             "gil": args.gil,
             "bursts": bursts,
+            "chunks_received": chunks,
         },
         "ms_per_chunk": {
             group: {stage: round(ms, 4) for stage, ms in stages.items()} for group, stages in groups.items()
