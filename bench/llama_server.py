@@ -30,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.concurrency import write_server_log
 from tests.support.livesite import ROOT, free_port, stop_process
 
 BUILD_DIR = ROOT / ".cache" / "llama-server"
@@ -71,8 +72,8 @@ def build() -> Path:
 class LlamaServer:
     """`with LlamaServer(parallel=8, threads=2) as server:` builds llama-server if need be,
     serves the packaged GGUF with continuous batching and waits until it answers; its
-    OpenAI API at `server.base_url`, the model named `server.model`. Needs Django set up
-    (the GGUF comes from the model registry). `cpus` (`taskset -c` form) pins it.
+    OpenAI API at `server.base_url`, the model named `server.model`. Sets Django up in this
+    process (the GGUF comes from chatsite's model registry). `cpus` (`taskset -c` form) pins it.
 
     The same attributes as tests.support.upstreams.TransformersServe, so that bench.upstream
     can put chatsite in front of either."""
@@ -91,6 +92,10 @@ class LlamaServer:
         self.warm_up_s: float | None = None  # bench.concurrency's warm-up serves it
 
     def __enter__(self) -> LlamaServer:
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
+        import django
+
+        django.setup()
         from inference.loading import assemble_gguf
         from inference.registry import resolve_model
         from tests.support.upstreams import APP_MODEL, wait_until_answering
@@ -130,12 +135,6 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--label", default="llama-server")
     args = parser.parse_args()
-
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
-    import django
-
-    django.setup()
-    from bench.concurrency import write_server_log
 
     server = LlamaServer(parallel=args.parallel, threads=args.threads)
     with server:

@@ -223,10 +223,6 @@ def main() -> None:
 
     serve: TransformersServe | LlamaServer
     if args.server == "llama-server":
-        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
-        import django
-
-        django.setup()  # the GGUF comes from chatsite's model registry
         serve = LlamaServer(parallel=max(8, max_level), cpus=args.server_cpus)
     else:
         serve = TransformersServe(

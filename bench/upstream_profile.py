@@ -87,10 +87,6 @@ def summarize(raw: Path, chunks: int) -> dict[str, dict[str, float]]:
 
 def llama_server_env(stack: contextlib.ExitStack, level: int) -> dict[str, str]:
     """llama-server started (stopped with `stack`), and the CHAT_UPSTREAMS of a chatsite in front of it."""
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
-    import django
-
-    django.setup()  # the GGUF comes from chatsite's model registry
     server = stack.enter_context(LlamaServer(parallel=max(8, level)))
     upstream = {"model": MODEL, "base_url": server.base_url, "upstream_model": server.model, "max_concurrent": 64}
     return {"CHAT_UPSTREAMS": json.dumps([upstream])}
