@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from inference.attention import CPU_DECODE_ATTENTION
 from inference.generators import (
     SYNTHETIC_TEXT,
     GenerationOutcome,
@@ -750,7 +751,7 @@ def compiled_step(
     every step, compiled in about 50 s each on two cores; one graph per (rows, width)
     shape, as CUDA graphs have, would be 28 compiles of some 25 s at 8 rows. Measured
     on SmolLM2-135M in bfloat16, two cores (docs/benchmarks.md): a step of one row 22.4
-    → 13.3 ms, of eight 26.0 → 19.7 ms. Weights quantized by torchao (CHAT_QUANTIZATION=int8)
+    → 13.3 ms, of eight 26.0 → 19.7 ms. Weights quantized by torchao (CHAT_QUANTIZATION=int8, int4)
     are not frozen: folded into constants they are widened back to bfloat16 at every step
     (a whole answer at 0.70 of the unfrozen speed)."""
     import torch
@@ -932,7 +933,7 @@ def static_unsupported(config: Any) -> str | None:
     if kinds != {"full_attention"}:
         return f"its layers are {', '.join(sorted(kinds))}, not only full attention"
     implementation = getattr(config, "_attn_implementation", None)
-    if implementation not in ("sdpa", "eager"):
+    if implementation not in ("sdpa", "eager", CPU_DECODE_ATTENTION):  # the last takes sdpa's masks
         return f"its attention implementation is {implementation}, not sdpa or eager"
     quantization = getattr(config, "quantization_config", None)
     if quantization is not None and not isinstance(quantization, dict):

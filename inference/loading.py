@@ -215,6 +215,8 @@ def load_pretrained(
     quantized on loading when `quantization` (CHAT_QUANTIZATION) says so."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from inference.attention import use_cpu_decode_attention
+
     weights_dtype = dtype_for(device, dtype)
     kwargs: dict[str, object] = {"dtype": weights_dtype}
     if quantized := quantization_config(quantization, device, weights_dtype):
@@ -226,6 +228,7 @@ def load_pretrained(
     if device.type != "cuda":
         model.to(device)
     model.eval()
+    use_cpu_decode_attention(model)
     quantize_weights(model, quantization)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     return model, tokenizer
