@@ -1,11 +1,14 @@
 """What one decoding step costs as the batch grows: the reason batching pays.
 
     python -m bench.batch_step [--sizes 1,2,4,8,16,32] [--steps 20] [--device cpu] [--dtype auto]
+                               [--quantization none] [--path dynamic|static|compiled]
 
 For each batch size it prefills that many different chat prompts together, then times
-`--steps` decoding steps of `inference.batching.TransformersBatch` (the code the batched
-scheduler runs) and reports milliseconds per step, the step's cost relative to one row,
-and tokens/s. Writes bench/results/batch_step-<dtype>.json.
+`--steps` decoding steps of the batch the batched scheduler runs (`--path`: the dynamic
+`TransformersBatch`, the default; `static`, GENERATION_CUDA_GRAPHS=1's slots; `compiled`,
+those slots with GENERATION_COMPILE=1's compiled step, whose compile time is reported) and
+reports milliseconds per step, the step's cost relative to one row, and tokens/s. Writes
+bench/results/batch_step-<dtype>[-<quantization>][-<path>].json.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="auto", help="CHAT_DTYPE: auto, float32, bfloat16")
+    parser.add_argument("--quantization", default="none", help="CHAT_QUANTIZATION: none, int8, int4")
+    parser.add_argument("--path", choices=("dynamic", "static", "compiled"), default="dynamic")
     args = parser.parse_args()
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
@@ -44,11 +49,20 @@ def main() -> None:
         device=args.device,
         dtype=args.dtype,
         synthetic_tokens_per_s=50,
+        quantization=args.quantization,
     )
+    sizes = [int(size) for size in args.sizes.split(",")]
+    static, started = args.path != "dynamic", time.perf_counter()
+    # One static batch for every size: its slots are allocated (and its step compiled) once.
+    compiled = args.path == "compiled"
+    static_batch = static and open_batch(
+        generator, max_rows=max(sizes), cuda_graphs="1", row_tokens=1024, compiled=compiled
+    )
+    compile_s = time.perf_counter() - started if compiled else None
     params = GenerationParams(max_tokens=args.steps + 2, temperature=0)
     rows = []
-    for size in (int(s) for s in args.sizes.split(",")):
-        batch = open_batch(generator)
+    for size in sizes:
+        batch = static_batch if static else open_batch(generator)
         for n in range(size):
             prompt = [{"role": "user", "content": f"Tell me a long story about {TOPICS[n % len(TOPICS)]} ({n})."}]
             batch.add(Sequence(prompt, params, lambda text: None, lambda: False))
@@ -60,6 +74,7 @@ def main() -> None:
             batch.step()
         step_s = (time.perf_counter() - started) / args.steps
         rows.append({"rows": size, "prefill_s": prefill_s, "step_ms": step_s * 1000, "tokens_per_s": size / step_s})
+        batch.cancel_all()
     one = rows[0]["step_ms"]
     print(f"{'rows':>5} {'prefill s':>10} {'step ms':>8} {'vs 1 row':>10} {'tokens/s':>9}")
     for row in rows:
@@ -68,10 +83,17 @@ def main() -> None:
             f"{row['rows']:>5} {row['prefill_s']:>10.3f} {row['step_ms']:>8.1f}"
             f" {row['relative_step']:>10.2f} {row['tokens_per_s']:>9.1f}"
         )
-    print(f"dtype: {generator.model.dtype}")  # type: ignore[attr-defined]
-    summary = {"device": args.device, "dtype": str(generator.model.dtype), "steps": args.steps, "rows": rows}  # type: ignore[attr-defined]
     dtype = str(generator.model.dtype).split(".")[-1]  # type: ignore[attr-defined]
-    (RESULTS_DIR / f"batch_step-{dtype}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"dtype: {dtype}, quantization: {args.quantization}, path: {args.path}")
+    if compile_s is not None:
+        print(f"compiled in {compile_s:.1f} s")
+    summary = {
+        **{"device": args.device, "dtype": dtype, "quantization": args.quantization, "path": args.path},
+        **{"compile_s": compile_s, "steps": args.steps, "rows": rows},
+    }
+    suffixes = [*[args.quantization] * (args.quantization != "none"), *[args.path] * static]
+    name = "-".join([f"batch_step-{dtype}", *suffixes])
+    (RESULTS_DIR / f"{name}.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
 if __name__ == "__main__":

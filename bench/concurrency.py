@@ -464,10 +464,11 @@ def started_site(args: argparse.Namespace) -> LiveSite:
 
 def resolved_dtype(args: argparse.Namespace) -> str:
     """The weights' dtype the server chose, e.g. `bfloat16` for CHAT_DTYPE=auto on this CPU."""
-    from inference.loading import dtype_for, resolve_device
+    from inference.loading import resolve_device, weights_dtype_for
 
-    device = args.device or os.environ.get("CHAT_DEVICE", "auto")
-    return str(dtype_for(resolve_device(device), args.dtype or os.environ.get("CHAT_DTYPE", "auto"))).split(".")[-1]
+    device = resolve_device(args.device or os.environ.get("CHAT_DEVICE", "auto"))
+    dtype = args.dtype or os.environ.get("CHAT_DTYPE", "auto")
+    return str(weights_dtype_for(device, dtype, os.environ.get("CHAT_QUANTIZATION", "none"))).split(".")[-1]
 
 
 def bench_api_key(site: LiveSite) -> str:

@@ -1,18 +1,21 @@
-"""How far CHAT_QUANTIZATION=int8 strays from the unquantized model's answers.
+"""How far CHAT_QUANTIZATION=int8 or int4 strays from the unquantized model's answers.
 
-    python -m bench.quantization [--dtype float32] [--tokens 64] [--results bench/results/quantization.json]
+    python -m bench.quantization [--quantization int8] [--dtype float32] [--tokens 64]
+                                 [--results bench/results/quantization.json]
 
-Loads the packaged model twice, as the server does (unquantized, and with torchao's
-weight-only int8), and answers bench.concurrency's 16 prompts greedily with each:
+Loads the packaged model twice, as the server does (unquantized in `--dtype`, and with
+torchao's weight-only int8 in the same dtype, or int4 in bfloat16, the only dtype it
+computes in), and answers bench.concurrency's 16 prompts greedily with each:
 
 - teacher-forced agreement: along the unquantized model's answers, the share of positions
-  where the int8 model's most likely next token is the same (one forward pass per answer,
+  where the quantized model's most likely next token is the same (one forward pass per answer,
   so one early difference does not count against every later token);
-- free-running: how many of the int8 model's own answers equal the unquantized ones, and
+- free-running: how many of the quantized model's own answers equal the unquantized ones, and
   how many tokens they share from the start, on average;
 - the bytes of the weights each model holds.
 
-Speed is bench.concurrency's (CHAT_QUANTIZATION=int8 in its environment); this says what
+Speed is bench.concurrency's and bench.batch_step's (CHAT_QUANTIZATION in the environment,
+`--quantization`); this says what
 the speed costs in answers.
 """
 
@@ -78,7 +81,7 @@ def common_start(first: list[int], second: list[int]) -> int:
 
 
 def weight_bytes(model: Any) -> int:
-    """Bytes of the weights, a quantized tensor's int8 data and scales counted as stored."""
+    """Bytes of the weights, a quantized tensor's data and scales counted as stored."""
     total = 0
     for parameter in model.parameters():
         inner = [getattr(parameter, name) for name in getattr(parameter, "tensor_data_names", ())] or [parameter]
@@ -86,8 +89,9 @@ def weight_bytes(model: Any) -> int:
     return total
 
 
-def measure(dtype: str, tokens: int) -> dict[str, Any]:
-    reference, quantized = load("none", dtype), load("int8", dtype)
+def measure(quantization: str, dtype: str, tokens: int) -> dict[str, Any]:
+    quantized_dtype = "auto" if quantization == "int4" else dtype  # int4's auto is bfloat16
+    reference, quantized = load("none", dtype), load(quantization, quantized_dtype)
     agreed = equal = 0
     shared: list[int] = []
     started = time.monotonic()
@@ -100,12 +104,14 @@ def measure(dtype: str, tokens: int) -> dict[str, Any]:
     return {
         "model": MODEL,
         "dtype": dtype,
+        "quantization": quantization,
+        "quantized_dtype": str(quantized.model.dtype).removeprefix("torch."),
         "tokens": tokens,
         "prompts": len(PROMPTS),
         "teacher_forced_agreement": round(agreed / (tokens * len(PROMPTS)), 4),
         "answers_equal": equal,
         "mean_common_start_tokens": round(statistics.mean(shared), 1),
-        "weight_bytes": {"none": weight_bytes(reference.model), "int8": weight_bytes(quantized.model)},
+        "weight_bytes": {"none": weight_bytes(reference.model), quantization: weight_bytes(quantized.model)},
         "seconds": round(time.monotonic() - started, 1),
         "torch_threads": torch.get_num_threads(),
     }
@@ -113,11 +119,12 @@ def measure(dtype: str, tokens: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dtype", default="float32", help="CHAT_DTYPE of both models")
+    parser.add_argument("--quantization", choices=("int8", "int4"), default="int8")
+    parser.add_argument("--dtype", default="float32", help="CHAT_DTYPE of the unquantized model (and of int8's)")
     parser.add_argument("--tokens", type=int, default=64, help="answer length")
     parser.add_argument("--results", type=Path, default=RESULTS_DIR / "quantization.json")
     args = parser.parse_args()
-    result = measure(args.dtype, args.tokens)
+    result = measure(args.quantization, args.dtype, args.tokens)
     args.results.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 

@@ -542,8 +542,9 @@ CHAT_MODEL = env_str("CHAT_MODEL", "smollm2-135m-instruct").strip()
 CHAT_DEVICE = env_device("CHAT_DEVICE", "auto")
 CHAT_DTYPE = env_choice("CHAT_DTYPE", "auto", ("auto", "float32", "bfloat16", "float16"))
 # Weights quantized at load time: `int8` weight-only by torchao (any device; pays with
-# GENERATION_COMPILE on a CPU), or by bitsandbytes (CUDA only: a 7-8B model in 5-10 GB).
-CHAT_QUANTIZATION = env_choice("CHAT_QUANTIZATION", "none", ("none", "int8", "bnb-4bit", "bnb-8bit"))
+# GENERATION_COMPILE on a CPU), `int4` weight-only by torchao (a CPU, in bfloat16), or by
+# bitsandbytes (CUDA only: a 7-8B model in 5-10 GB).
+CHAT_QUANTIZATION = env_choice("CHAT_QUANTIZATION", "none", ("none", "int8", "int4", "bnb-4bit", "bnb-8bit"))
 MODEL_CACHE_DIR = Path(env_str("MODEL_CACHE_DIR", ".cache/models"))
 if not MODEL_CACHE_DIR.is_absolute():
     MODEL_CACHE_DIR = BASE_DIR / MODEL_CACHE_DIR

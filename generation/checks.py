@@ -23,6 +23,7 @@ TAG = "chatsite"
 # CHAT_QUANTIZATION's libraries: the package each value imports, and where it comes from.
 QUANTIZATION_PACKAGES = {
     "int8": ("torchao", "requirements.lock"),
+    "int4": ("torchao", "requirements.lock"),
     "bnb-4bit": ("bitsandbytes", "requirements-cuda.lock"),
     "bnb-8bit": ("bitsandbytes", "requirements-cuda.lock"),
 }
@@ -47,6 +48,17 @@ def model_settings_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMe
                 f"CHAT_QUANTIZATION: {settings.CHAT_QUANTIZATION} needs the {package} package ({where}), "
                 "which is not installed.",
                 id="chatsite.E002",
+            )
+        )
+    if settings.CHAT_QUANTIZATION == "int4" and (
+        settings.CHAT_DTYPE not in ("auto", "bfloat16") or settings.CHAT_DEVICE.startswith("cuda")
+    ):
+        errors.append(
+            Error(
+                f"CHAT_QUANTIZATION: int4 runs on a CPU in bfloat16 (torchao's CPU int4 kernel), not with "
+                f"CHAT_DEVICE={settings.CHAT_DEVICE} and CHAT_DTYPE={settings.CHAT_DTYPE}: set CHAT_DEVICE=cpu "
+                "and CHAT_DTYPE=auto, or use bnb-4bit on a GPU.",
+                id="chatsite.E004",
             )
         )
     try:

@@ -163,32 +163,66 @@ def convert_gguf(gguf: Path, target: Path, *, chat_template: str | None = None) 
     tokenizer.save_pretrained(target)
 
 
-def quantize_weights(model: Any, setting: str) -> None:
-    """CHAT_QUANTIZATION=int8: torchao's weight-only int8 on the loaded model, any device.
+# CHAT_QUANTIZATION=int4's group: 32 input features share a scale and a zero point. It divides
+# every hidden size of the packaged models (SmolLM2-135M's is 576, which 128 does not; a
+# layer it does not divide stays unquantized), and a step took as long as with 64.
+INT4_GROUP_SIZE = 32
 
-    Each linear layer's weights become int8 with one scale per output row, widened inside
-    its matrix product: half the bytes a decoding step reads. Applied once the model has
-    loaded (1.2 s for SmolLM2-135M on two cores, against 15 s through transformers'
-    TorchAoConfig while loading). It pays compiled (GENERATION_COMPILE), where inductor
-    fuses the widening into the product; eagerly a step is slower than in bfloat16
-    (docs/benchmarks.md)."""
-    if setting != "int8":
+
+def quantize_weights(model: Any, setting: str) -> None:
+    """CHAT_QUANTIZATION=int8 or int4: torchao's weight-only quantization, once the model
+    has loaded (1.2 s for SmolLM2-135M on two cores, against 15 s through transformers'
+    TorchAoConfig while loading).
+
+    - int8, any device: each linear layer's weights in int8 with one scale per output row,
+      widened inside its matrix product, half the bytes a decoding step reads. It pays
+      compiled (GENERATION_COMPILE), where inductor fuses the widening into the product;
+      eagerly a step is slower than in bfloat16.
+    - int4, a CPU only, computing in bfloat16: weights in 4 bits with a scale and zero
+      point per group of INT4_GROUP_SIZE inputs, multiplied by PyTorch's own CPU int4
+      kernel (`_weight_int4pack_mm_for_cpu`) without widening, so it pays eagerly too.
+      torchao 0.18 offers it as a prototype (`PrototypeInt4WeightOnlyConfig`), pinned in
+      requirements.txt; its other int4 formats need CUDA kernels. The kernel takes
+      bfloat16 activations: with float32 ones a product was 18x slower.
+
+    Speed and agreement with the unquantized model: docs/benchmarks.md."""
+    if setting not in ("int8", "int4"):
         return
     if importlib.util.find_spec("torchao") is None:
-        raise RuntimeError("CHAT_QUANTIZATION=int8 needs the torchao package (pip install torchao==0.18.0)")
+        raise RuntimeError(f"CHAT_QUANTIZATION={setting} needs the torchao package (pip install torchao==0.18.0)")
     from torchao.quantization import Int8WeightOnlyConfig, quantize_
 
-    quantize_(model, Int8WeightOnlyConfig())
+    if setting == "int8":
+        quantize_(model, Int8WeightOnlyConfig())
+        return
+    if model.device.type != "cpu" or model.dtype != torch.bfloat16:
+        raise RuntimeError(
+            "CHAT_QUANTIZATION=int4 runs on a CPU in bfloat16 (torchao's CPU int4 kernel), not on "
+            f"{model.device.type} in {str(model.dtype).removeprefix('torch.')}: set CHAT_DEVICE=cpu "
+            "and CHAT_DTYPE=auto, or use bnb-4bit on a GPU"
+        )
+    from torchao.prototype.quantization.int4.inference_workflow import PrototypeInt4WeightOnlyConfig
+
+    # set_inductor_config would change torch.compile's options for the whole process.
+    quantize_(model, PrototypeInt4WeightOnlyConfig(group_size=INT4_GROUP_SIZE, set_inductor_config=False))
+
+
+def weights_dtype_for(device: torch.device, dtype: str, quantization: str) -> torch.dtype:
+    """The dtype the weights load in: CHAT_DTYPE's (dtype_for), except that int4 computes in
+    bfloat16 whatever the CPU, when CHAT_DTYPE leaves the choice (`auto`)."""
+    if quantization == "int4" and dtype == "auto":
+        return torch.bfloat16
+    return dtype_for(device, dtype)
 
 
 def quantization_config(setting: str, device: torch.device, dtype: torch.dtype) -> Any | None:
-    """CHAT_QUANTIZATION → transformers' BitsAndBytesConfig, or None for `none` and `int8`
+    """CHAT_QUANTIZATION → transformers' BitsAndBytesConfig, or None for `none`, `int8` and `int4`
     (quantized after loading: quantize_weights).
 
     bitsandbytes quantizes the weights as they load: 4-bit NF4 (with the quantization
     constants quantized too) computing in `dtype`, or 8-bit LLM.int8(). It needs CUDA and
     the bitsandbytes package (in requirements-cuda.lock, not in the CPU requirements)."""
-    if setting in ("none", "int8"):
+    if setting in ("none", "int8", "int4"):
         return None
     if device.type != "cuda":
         raise RuntimeError(f"CHAT_QUANTIZATION={setting} needs a CUDA device (bitsandbytes); the device is {device}")
@@ -205,7 +239,7 @@ def quantization_config(setting: str, device: torch.device, dtype: torch.dtype) 
         )
     if setting == "bnb-8bit":
         return BitsAndBytesConfig(load_in_8bit=True)  # type: ignore[no-untyped-call]
-    raise ValueError(f"CHAT_QUANTIZATION must be none, int8, bnb-4bit or bnb-8bit, not {setting!r}")
+    raise ValueError(f"CHAT_QUANTIZATION must be none, int8, int4, bnb-4bit or bnb-8bit, not {setting!r}")
 
 
 def load_pretrained(
@@ -217,7 +251,7 @@ def load_pretrained(
 
     from inference.attention import use_cpu_decode_attention
 
-    weights_dtype = dtype_for(device, dtype)
+    weights_dtype = weights_dtype_for(device, dtype, quantization)
     kwargs: dict[str, object] = {"dtype": weights_dtype}
     if quantized := quantization_config(quantization, device, weights_dtype):
         kwargs["quantization_config"] = quantized
