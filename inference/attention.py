@@ -1,14 +1,17 @@
-"""Attention for a model decoding in bfloat16 on a CPU: a decoding step's attention as two
-matrix products, instead of torch's scaled_dot_product_attention.
+"""Attention for a model decoding in bfloat16 on a CPU with a compiled step
+(GENERATION_COMPILE): a decoding step's attention as two matrix products.
 
-Measured on two cores of an Intel Xeon without bfloat16 instructions (torch 2.13), one new
-token for each of 8 rows, 9 query heads over 3 key/value heads of 64, the mask a step
-passes: SDPA (its flash-attention kernel for CPUs) took 755 µs a layer over 200 tokens and
-2,775 µs over 600, in bfloat16; the same arithmetic as two products and a float32 softmax
-231 and 543 µs. A step of SmolLM2-135M in int4 spent 37 % of its time in SDPA. In float32
-SDPA is the faster (209 µs), and with a prompt's many queries it is the one that does not
-hold a queries-by-keys matrix per head, so only bfloat16 decoding steps take this path;
-everything else goes to SDPA as before.
+Compiled, transformers' SDPA attention can't take its eager shortcut for one new token per
+row (folding each key/value head's query heads into one: `pack_gqa`, skipped while
+dynamo traces): it copies every key/value head once per query head it serves
+(`repeat_kv`) and runs torch's SDPA kernel over them. Measured on two cores of an Intel
+Xeon without bfloat16 instructions, SmolLM2-135M in int4 (9 query heads over 3 key/value
+heads), the static path compiled, 128 steps from a prompt (`bench.batch_step --path
+compiled` against `--sdpa`): a step of 8 rows 48.6 ms with SDPA, 34.7 ms with the two
+products here; of one row 15.4 against 16.0 ms. Eagerly SDPA's own path is the faster
+(the dynamic path, `bench.batch_step` against `--sdpa`: one row 23.1 against 26.4 ms, 8
+rows 43.3 against 47.2 ms), so everything but a compiled bfloat16 decoding step still
+goes to SDPA.
 
 A model takes it by its attention implementation's name (`CPU_DECODE_ATTENTION`),
 registered with transformers' attention and mask interfaces (`AttentionInterface`), which
@@ -26,6 +29,24 @@ if TYPE_CHECKING:  # torch and transformers load with the model (inference.loadi
 CPU_DECODE_ATTENTION = "chatsite_cpu_decode"
 
 
+def grouped_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float
+) -> torch.Tensor:
+    """One new token per row: each key/value head's query heads together (no copy of the keys),
+    scores in the model's dtype, softmax in float32 as transformers' eager attention does.
+    `attention_mask`: booleans (rows, 1, 1, keys), True where a row may look. Returns
+    (rows, 1, heads, dim), as attention functions do."""
+    import torch
+
+    batch, heads, _, dim = query.shape
+    grouped = query.view(batch, key.shape[1], -1, dim)  # query head h reads key head h // groups
+    scores = torch.matmul(grouped, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.matmul(weights, value).view(batch, heads, 1, dim).transpose(1, 2).contiguous()
+
+
 def decode_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -36,31 +57,23 @@ def decode_attention(
     scaling: float | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """Attention of one new token per row in bfloat16 on a CPU as two products, each key/value
-    head's query heads together (no copy of the keys per query head); anything else (a
-    prompt's queries, float32, a soft cap, a mask of another kind) by SDPA."""
+    """A compiled decoding step in bfloat16 on a CPU by grouped_attention; anything else (eager
+    steps, a prompt's queries, float32, a soft cap, a mask of another kind) by SDPA."""
     import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    batch, heads, queries, dim = query.shape
-    kv_heads = key.shape[1]
     if (
-        queries != 1
-        or query.dtype != torch.bfloat16
-        or query.device.type != "cpu"
-        or kwargs.get("softcap") is not None
-        or (attention_mask is not None and (attention_mask.dtype != torch.bool or attention_mask.shape[1] != 1))
+        torch.compiler.is_compiling()
+        and query.shape[2] == 1
+        and query.dtype == torch.bfloat16
+        and query.device.type == "cpu"
+        and kwargs.get("softcap") is None
+        and (attention_mask is None or (attention_mask.dtype == torch.bool and attention_mask.shape[1] == 1))
     ):
-        return sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
-        )
-    grouped = query.view(batch, kv_heads, heads // kv_heads, dim)  # query head h reads key head h // groups
-    scores = torch.matmul(grouped, key.transpose(2, 3)) * (dim**-0.5 if scaling is None else scaling)
-    if attention_mask is not None:  # (batch, 1, 1, keys): True where a row may look
-        scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
-    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    output = torch.matmul(weights, value).view(batch, heads, 1, dim)
-    return output.transpose(1, 2).contiguous(), None
+        return grouped_attention(
+            query, key, value, attention_mask, query.shape[-1] ** -0.5 if scaling is None else scaling
+        ), None
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
 
 
 def use_cpu_decode_attention(model: Any) -> None:

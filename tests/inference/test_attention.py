@@ -1,5 +1,5 @@
-"""A decoding step's attention in bfloat16 on a CPU (inference.attention): what SDPA computes,
-in two matrix products; everything else still SDPA's."""
+"""A compiled decoding step's attention in bfloat16 on a CPU (inference.attention): what SDPA
+computes, in two matrix products; everything else still SDPA's."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import torch
 from django.conf import settings as django_settings
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from inference.attention import CPU_DECODE_ATTENTION, decode_attention
+from inference import attention
+from inference.attention import CPU_DECODE_ATTENTION, decode_attention, grouped_attention
 from inference.generators import load_generator
 from inference.registry import resolve_model
 
@@ -33,16 +34,17 @@ def inputs(queries: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
     return query, key, value, mask
 
 
-def test_a_decoding_step_in_bfloat16_attends_as_sdpa_does():
+def sdpa_in_float32(query, key, value, mask) -> torch.Tensor:
+    """The reference: SDPA in float32 (the two round the same products to bfloat16 at different steps)."""
+    return sdpa_attention_forward(Layer(), query.float(), key.float(), value.float(), mask, scaling=0.125)[0]
+
+
+def test_grouped_attention_attends_as_sdpa_does():
     query, key, value, mask = inputs(1, torch.bfloat16)
-    ours, weights = decode_attention(Layer(), query, key, value, mask, scaling=0.125)
-    expected, _ = sdpa_attention_forward(
-        Layer(), query.float(), key.float(), value.float(), mask, scaling=0.125
-    )  # float32 as the reference: both round the same products to bfloat16 at different steps
-    assert weights is None
+    ours = grouped_attention(query, key, value, mask, 0.125)
     assert ours.shape == (4, 1, 9, 64)
     assert ours.dtype == torch.bfloat16
-    torch.testing.assert_close(ours.float(), expected, atol=0.02, rtol=0.02)
+    torch.testing.assert_close(ours.float(), sdpa_in_float32(query, key, value, mask), atol=0.02, rtol=0.02)
 
 
 def test_a_masked_key_is_never_read():
@@ -50,14 +52,25 @@ def test_a_masked_key_is_never_read():
     poisoned = value.clone()
     poisoned[0, :, :5] = 1e4  # row 0's padding
     assert torch.equal(
-        decode_attention(Layer(), query, key, value, mask)[0], decode_attention(Layer(), query, key, poisoned, mask)[0]
+        grouped_attention(query, key, value, mask, 0.125), grouped_attention(query, key, poisoned, mask, 0.125)
     )
+
+
+def test_a_compiled_decoding_step_in_bfloat16_takes_the_two_products(monkeypatch):
+    taken = []
+    monkeypatch.setattr(attention, "grouped_attention", lambda *args: taken.append(True) or grouped_attention(*args))
+    query, key, value, mask = inputs(1, torch.bfloat16)
+    torch.compiler.reset()  # a fresh trace, through the spy
+    ours, weights = torch.compile(decode_attention, dynamic=False)(Layer(), query, key, value, mask, scaling=0.125)
+    assert taken  # traced through it
+    assert weights is None
+    torch.testing.assert_close(ours.float(), sdpa_in_float32(query, key, value, mask), atol=0.02, rtol=0.02)
 
 
 @pytest.mark.parametrize(
     ("queries", "dtype", "masked"),
-    [(5, torch.bfloat16, True), (1, torch.float32, True), (1, torch.bfloat16, False)],
-    ids=["a prompt's queries", "float32", "an additive mask"],
+    [(1, torch.bfloat16, True), (5, torch.bfloat16, True), (1, torch.float32, True), (1, torch.bfloat16, False)],
+    ids=["an eager step", "a prompt's queries", "float32", "an additive mask"],
 )
 def test_everything_else_goes_to_sdpa_unchanged(queries, dtype, masked):
     query, key, value, mask = inputs(queries, dtype)
