@@ -1,13 +1,15 @@
 """What one decoding step costs as the batch grows: the reason batching pays.
 
     python -m bench.batch_step [--sizes 1,2,4,8,16,32] [--steps 20] [--device cpu] [--dtype auto]
-                               [--quantization none] [--path dynamic|static|compiled]
+                               [--quantization none] [--path dynamic|static|compiled] [--sdpa]
 
 For each batch size it prefills that many different chat prompts together, then times
 `--steps` decoding steps of the batch the batched scheduler runs (`--path`: the dynamic
 `TransformersBatch`, the default; `static`, GENERATION_CUDA_GRAPHS=1's slots; `compiled`,
 those slots with GENERATION_COMPILE=1's compiled step, whose compile time is reported) and
-reports milliseconds per step, the step's cost relative to one row, and tokens/s. Writes
+reports milliseconds per step, the step's cost relative to one row, and tokens/s. `--sdpa`
+keeps torch's SDPA for a bfloat16 model's decoding steps (inference.attention), to compare.
+Writes
 bench/results/batch_step-<dtype>[-<quantization>][-<path>].json.
 """
 
@@ -31,6 +33,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto", help="CHAT_DTYPE: auto, float32, bfloat16")
     parser.add_argument("--quantization", default="none", help="CHAT_QUANTIZATION: none, int8, int4")
     parser.add_argument("--path", choices=("dynamic", "static", "compiled"), default="dynamic")
+    parser.add_argument("--sdpa", action="store_true", help="SDPA for bfloat16 decoding steps too")
     args = parser.parse_args()
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
@@ -51,6 +54,8 @@ def main() -> None:
         synthetic_tokens_per_s=50,
         quantization=args.quantization,
     )
+    if args.sdpa:
+        generator.model.set_attn_implementation("sdpa")  # type: ignore[attr-defined]
     sizes = [int(size) for size in args.sizes.split(",")]
     static, started = args.path != "dynamic", time.perf_counter()
     # One static batch for every size: its slots are allocated (and its step compiled) once.
@@ -84,14 +89,16 @@ def main() -> None:
             f" {row['relative_step']:>10.2f} {row['tokens_per_s']:>9.1f}"
         )
     dtype = str(generator.model.dtype).split(".")[-1]  # type: ignore[attr-defined]
-    print(f"dtype: {dtype}, quantization: {args.quantization}, path: {args.path}")
+    attention = generator.model.config._attn_implementation  # type: ignore[attr-defined]
+    print(f"dtype: {dtype}, quantization: {args.quantization}, path: {args.path}, attention: {attention}")
     if compile_s is not None:
         print(f"compiled in {compile_s:.1f} s")
     summary = {
         **{"device": args.device, "dtype": dtype, "quantization": args.quantization, "path": args.path},
+        "attention": attention,
         **{"compile_s": compile_s, "steps": args.steps, "rows": rows},
     }
-    suffixes = [*[args.quantization] * (args.quantization != "none"), *[args.path] * static]
+    suffixes = [*[args.quantization] * (args.quantization != "none"), *[args.path] * static, *["sdpa"] * args.sdpa]
     name = "-".join([f"batch_step-{dtype}", *suffixes])
     (RESULTS_DIR / f"{name}.json").write_text(json.dumps(summary, indent=2) + "\n")
 
