@@ -10,7 +10,7 @@ those slots with GENERATION_COMPILE=1's compiled step, whose compile time is rep
 reports milliseconds per step, the step's cost relative to one row, and tokens/s. `--sdpa`
 keeps torch's SDPA for a bfloat16 model's decoding steps (inference.attention), to compare.
 Writes
-bench/results/batch_step-<dtype>[-<quantization>][-<path>].json.
+bench/results/batch_step-<dtype>[-<quantization>][-<path>][-sdpa].json, or `--results`.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ def main() -> None:
     parser.add_argument("--quantization", default="none", help="CHAT_QUANTIZATION: none, int8, int4")
     parser.add_argument("--path", choices=("dynamic", "static", "compiled"), default="dynamic")
     parser.add_argument("--sdpa", action="store_true", help="SDPA for bfloat16 decoding steps too")
+    parser.add_argument("--results", type=Path, help="where to write (default: named by the options)")
     args = parser.parse_args()
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
@@ -100,7 +101,7 @@ def main() -> None:
     }
     suffixes = [*[args.quantization] * (args.quantization != "none"), *[args.path] * static, *["sdpa"] * args.sdpa]
     name = "-".join([f"batch_step-{dtype}", *suffixes])
-    (RESULTS_DIR / f"{name}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (args.results or RESULTS_DIR / f"{name}.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
 if __name__ == "__main__":
