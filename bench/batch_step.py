@@ -9,8 +9,7 @@ For each batch size it prefills that many different chat prompts together, then 
 those slots with GENERATION_COMPILE=1's compiled step, whose compile time is reported) and
 reports milliseconds per step, the step's cost relative to one row, and tokens/s. `--sdpa`
 keeps torch's SDPA for a bfloat16 model's decoding steps (inference.attention), to compare.
-Writes
-bench/results/batch_step-<dtype>[-<quantization>][-<path>][-sdpa].json, or `--results`.
+Writes bench/results/batch_step-<dtype>[-<quantization>][-<path>][-sdpa].json, or `--results`.
 """
 
 from __future__ import annotations

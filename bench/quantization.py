@@ -15,8 +15,7 @@ computes in), and answers bench.concurrency's 16 prompts greedily with each:
 - the bytes of the weights each model holds.
 
 Speed is bench.concurrency's and bench.batch_step's (CHAT_QUANTIZATION in the environment,
-`--quantization`); this says what
-the speed costs in answers.
+`--quantization`); this says what the speed costs in answers.
 """
 
 from __future__ import annotations

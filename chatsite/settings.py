@@ -666,7 +666,7 @@ LOGGING = {
         # chatsite.access writes every request once, with its status: Django's own
         # "Not Found: /path" warnings would say it twice.
         "django.request": {"level": "ERROR"},
-        # transformers imports torchao (CHAT_QUANTIZATION=int8's library) whenever a model
+        # transformers imports torchao (CHAT_QUANTIZATION=int8's and int4's library) whenever a model
         # loads; on a CPU it warns of CUDA kernels and Triton it cannot load, and its enums
         # draw a deprecation warning from torch: noise at every load, with nothing to act on.
         "torchao": {"level": "ERROR"},

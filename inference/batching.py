@@ -751,9 +751,10 @@ def compiled_step(
     every step, compiled in about 50 s each on two cores; one graph per (rows, width)
     shape, as CUDA graphs have, would be 28 compiles of some 25 s at 8 rows. Measured
     on SmolLM2-135M in bfloat16, two cores (docs/benchmarks.md): a step of one row 22.4
-    → 13.3 ms, of eight 26.0 → 19.7 ms. Weights quantized by torchao (CHAT_QUANTIZATION=int8, int4)
-    are not frozen: folded into constants they are widened back to bfloat16 at every step
-    (a whole answer at 0.70 of the unfrozen speed)."""
+    → 13.3 ms, of eight 26.0 → 19.7 ms. Weights quantized by torchao (CHAT_QUANTIZATION) are
+    not frozen: int8's, folded into constants, were widened back to bfloat16 at every step
+    (a whole answer at 0.70 of the unfrozen speed); int4's, measured unfrozen only, stay
+    torchao's tensors too."""
     import torch
 
     return torch.compile(step, dynamic=True, options={"freezing": freeze})
