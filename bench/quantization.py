@@ -39,6 +39,7 @@ import torch  # noqa: E402  (after Django: the model registry reads settings)
 from django.conf import settings  # noqa: E402
 
 from inference.generators import TransformersGenerator, load_generator  # noqa: E402
+from inference.int4 import int4_only  # noqa: E402
 from inference.registry import resolve_model  # noqa: E402
 
 
@@ -66,9 +67,10 @@ def greedy_answer(generator: TransformersGenerator, prompt: str, tokens: int) ->
 
 def teacher_forced_agreement(model: Any, prompt_ids: list[int], answer: list[int]) -> int:
     """How many of `answer`'s tokens are `model`'s most likely next token, given every token
-    before it (the prompt and the answer so far)."""
+    before it (the prompt and the answer so far). int4's layers multiply in int4 throughout,
+    as when decoding: a pass of this many rows would use their dense copies."""
     sequence = torch.tensor([prompt_ids + answer])
-    with torch.inference_mode():
+    with torch.inference_mode(), int4_only(model):
         logits = model(sequence).logits[0, len(prompt_ids) - 1 : -1]
     return int((logits.argmax(-1) == torch.tensor(answer)).sum())
 
@@ -80,12 +82,15 @@ def common_start(first: list[int], second: list[int]) -> int:
 
 
 def weight_bytes(model: Any) -> int:
-    """Bytes of the weights, a quantized tensor's data and scales counted as stored."""
-    total = 0
+    """Bytes of the weights, a quantized tensor's data and scales counted as stored, and
+    int4's dense copies (inference.int4) that are not a weight's own tensor."""
+    total, pointers = 0, set()
     for parameter in model.parameters():
         inner = [getattr(parameter, name) for name in getattr(parameter, "tensor_data_names", ())] or [parameter]
         total += sum(tensor.numel() * tensor.element_size() for tensor in inner)
-    return total
+        pointers.update(tensor.data_ptr() for tensor in inner)
+    copies = [buffer for name, buffer in model.named_buffers() if name.endswith("dense_weight")]
+    return total + sum(copy.nbytes for copy in copies if copy.data_ptr() not in pointers)
 
 
 def measure(quantization: str, dtype: str, tokens: int) -> dict[str, Any]:

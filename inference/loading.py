@@ -183,7 +183,9 @@ def quantize_weights(model: Any, setting: str) -> None:
       kernel (`_weight_int4pack_mm_for_cpu`) without widening, so it pays eagerly too.
       torchao 0.18 offers it as a prototype (`PrototypeInt4WeightOnlyConfig`), pinned in
       requirements.txt; its other int4 formats need CUDA kernels. The kernel takes
-      bfloat16 activations: with float32 ones a product was 18x slower.
+      bfloat16 activations: with float32 ones a product was 18x slower. Its time grows
+      with the rows multiplied, so each layer keeps a dense copy too, for prompts
+      (inference/int4.py).
 
     Speed and agreement with the unquantized model: docs/benchmarks.md."""
     if setting not in ("int8", "int4"):
@@ -203,8 +205,17 @@ def quantize_weights(model: Any, setting: str) -> None:
         )
     from torchao.prototype.quantization.int4.inference_workflow import PrototypeInt4WeightOnlyConfig
 
+    from inference.int4 import keep_dense_weights
+
+    weights = {module: module.weight for module in model.modules() if isinstance(module, torch.nn.Linear)}
     # set_inductor_config would change torch.compile's options for the whole process.
     quantize_(model, PrototypeInt4WeightOnlyConfig(group_size=INT4_GROUP_SIZE, set_inductor_config=False))
+    # A layer quantize_ left alone (its inputs not a multiple of the group) kept its weight.
+    keep_dense_weights(
+        model,
+        {module: weight.detach() for module, weight in weights.items() if module.weight is not weight},
+        dense_dtype=torch.bfloat16 if cpu_has_native_bf16() else torch.float32,
+    )
 
 
 def weights_dtype_for(device: torch.device, dtype: str, quantization: str) -> torch.dtype:

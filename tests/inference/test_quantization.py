@@ -13,7 +13,8 @@ from django.test import override_settings
 from generation.checks import model_settings_check
 from inference.batching import Sequence, StaticBatch, open_batch
 from inference.generators import GenerationParams, TransformersGenerator, load_generator
-from inference.loading import INT4_GROUP_SIZE, quantize_weights
+from inference.int4 import int4_only
+from inference.loading import INT4_GROUP_SIZE, cpu_has_native_bf16, quantize_weights
 from inference.registry import resolve_model
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "Why is the sky blue?"]
@@ -78,6 +79,20 @@ def test_int4_holds_every_linear_layers_weights_in_four_bits_a_group_of_32_in_bf
         assert linear.weight.qdata.numel() == linear.in_features * linear.out_features // 2  # two a byte
 
 
+def test_int4_layers_keep_dense_weights_only_where_they_pay_in_the_cpus_fast_dtype(smollm_int4):
+    from inference.int4 import Int4Linear
+
+    model = smollm_int4.model
+    dense_dtype = torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+    for linear in linear_layers(smollm_int4):
+        assert isinstance(linear, Int4Linear)
+        assert (linear.dense_weight is None) == (linear.dense_from_rows is None)
+        assert linear.dense_weight is None or linear.dense_weight.dtype == dense_dtype
+    head = model.lm_head.dense_weight
+    if head is not None and head.dtype == torch.bfloat16:  # tied: the embedding's own tensor
+        assert model.lm_head.dense_weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+
+
 @pytest.mark.parametrize("setting", ["int8", "int4"])
 def test_quantized_weights_pick_the_unquantized_models_next_token_almost_everywhere(smollm, setting, request):
     """Teacher-forced along the unquantized model's (float32) greedy answers: one forward
@@ -88,7 +103,8 @@ def test_quantized_weights_pick_the_unquantized_models_next_token_almost_everywh
         ids = smollm.encode(chat(prompt))
         with torch.inference_mode():
             answer = smollm.model.generate(**ids, max_new_tokens=24, min_new_tokens=24, do_sample=False)
-            logits = quantized.model(answer).logits[0, ids["input_ids"].shape[1] - 1 : -1]
+            with int4_only(quantized.model):  # no dense copies: int4's answers, as when decoding
+                logits = quantized.model(answer).logits[0, ids["input_ids"].shape[1] - 1 : -1]
         expected = answer[0, ids["input_ids"].shape[1] :]
         agreed += int((logits.argmax(-1) == expected).sum())
         total += expected.numel()
