@@ -17,6 +17,7 @@ keeps int4 alone. The copies cost memory: docs/deployment.md gives the figures.
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import time
 from collections import defaultdict
@@ -34,9 +35,11 @@ CALIBRATION_ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
 # The dense weight is used only where it takes at most this share of the int4 time: a tie
 # goes to int4, which reads a quarter of the bytes and leaves the memory bus to the rest.
 DENSE_MARGIN = 0.9
-# Layers of a shape timed one after another: more than a CPU's caches hold of the larger
-# shapes, few enough that the timing takes a few seconds for SmolLM2-135M on two cores.
-MEASURED_LAYERS = 8
+# Dense bytes timed in a pass, layer after layer: more than a CPU's caches hold (32 MiB of
+# L3 here), as in a forward pass, where the dense weights come from memory. Timed with the
+# first 8 layers only, the attention's float32 copies came from the cache and won from 8
+# rows, where a whole forward pass of 8 rows was no faster with them.
+MEASURED_BYTES = 128 * 2**20
 
 
 class Int4Linear(torch.nn.Linear):
@@ -129,17 +132,18 @@ def keep_dense_weights(
 
 
 def measure(modules: list[torch.nn.Module], dense: list[torch.Tensor], rows: int) -> tuple[float, float]:
-    """Seconds for one product of `rows` bfloat16 rows through every layer in `modules`, in
+    """Seconds for one product of `rows` bfloat16 rows through layers of `modules`, in
     int4 and with its `dense` weight (as Int4Linear.forward does it): the best of three
-    passes. A pass goes through up to MEASURED_LAYERS of the layers, as a forward pass goes
-    through them, so their weights mostly come from memory rather than from cache."""
+    passes. A pass goes through as many of the layers as make MEASURED_BYTES of dense
+    weights, or all of them."""
+    layers = min(len(modules), max(1, math.ceil(MEASURED_BYTES / dense[0].nbytes)))
 
     def best_of_three(product: Callable[[int], torch.Tensor]) -> float:
         product(0)  # the first call sets up oneDNN's kernel
         times = []
         for _ in range(3):
             started = time.perf_counter()
-            for index in range(min(len(modules), MEASURED_LAYERS)):
+            for index in range(layers):
                 product(index)
             times.append(time.perf_counter() - started)
         return min(times)
