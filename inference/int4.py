@@ -5,7 +5,7 @@ PyTorch's CPU int4 kernel (`_weight_int4pack_mm_for_cpu`) costs time in proporti
 rows it multiplies; a dense product costs far less per row once there are many. Decoding
 multiplies one row per stream and wins in 4 bits; a prompt multiplies one row per token and
 lost: eight prompts joining took 319 ms in int4 against 142 ms in bfloat16 on an Intel
-Xeon with AMX. On an AMD EPYC with AVX2 only, 256 rows through a 576x1536 layer took
+Xeon with AMX (a scratch measurement). On an AMD EPYC with AVX2 only, 256 rows through a 576x1536 layer took
 10.9 ms in int4 and 5.4 ms in float32 (bfloat16 is emulated there, slower than either).
 
 So each layer keeps a dense copy of its weight, bfloat16 where the CPU has bfloat16
