@@ -5,8 +5,9 @@ PyTorch's CPU int4 kernel (`_weight_int4pack_mm_for_cpu`) costs time in proporti
 rows it multiplies; a dense product costs far less per row once there are many. Decoding
 multiplies one row per stream and wins in 4 bits; a prompt multiplies one row per token and
 lost: eight prompts joining took 319 ms in int4 against 142 ms in bfloat16 on an Intel
-Xeon with AMX (a scratch measurement). On an AMD EPYC with AVX2 only, 256 rows through a 576x1536 layer took
-10.9 ms in int4 and 5.4 ms in float32 (bfloat16 is emulated there, slower than either).
+Xeon with AMX (a scratch measurement). On an AMD EPYC with AVX2 only, 256 rows through a
+576x1536 layer took 10.9 ms in int4 and 5.4 ms in float32 (bfloat16 is emulated there,
+slower than either).
 
 So each layer keeps a dense copy of its weight, bfloat16 where the CPU has bfloat16
 instructions and float32 elsewhere, and uses it from a number of rows measured on this CPU
@@ -33,7 +34,7 @@ logger = logging.getLogger(__name__)
 # to stay ahead (the int4 kernel's time keeps growing with rows, the dense one's barely).
 CALIBRATION_ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
 # The dense weight is used only where it takes at most this share of the int4 time: a tie
-# goes to int4, which reads a quarter of the bytes and leaves the memory bus to the rest.
+# goes to int4, which reads a quarter of bfloat16's bytes (an eighth of float32's).
 DENSE_MARGIN = 0.9
 # Dense bytes timed in a pass, layer after layer: more than a CPU's caches hold (32 MiB of
 # L3 here), as in a forward pass, where the dense weights come from memory. Timed with the
@@ -43,8 +44,9 @@ MEASURED_BYTES = 128 * 2**20
 
 
 class Int4Linear(torch.nn.Linear):
-    """A linear layer whose `weight` torchao has packed in 4 bits, with its bfloat16 weight
-    kept in `dense_weight` for inputs of at least `dense_from_rows` rows (None: never)."""
+    """A linear layer whose `weight` torchao has packed in 4 bits, with a dense copy of it
+    (bfloat16 or float32) in `dense_weight` for inputs of at least `dense_from_rows` rows;
+    both None where the copy never pays."""
 
     dense_weight: torch.Tensor | None
     dense_from_rows: int | None
