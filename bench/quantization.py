@@ -39,7 +39,7 @@ import torch  # noqa: E402  (after Django: the model registry reads settings)
 from django.conf import settings  # noqa: E402
 
 from inference.generators import TransformersGenerator, load_generator  # noqa: E402
-from inference.int4 import int4_only  # noqa: E402
+from inference.int4 import dense_copy_bytes, int4_only  # noqa: E402
 from inference.registry import resolve_model  # noqa: E402
 
 
@@ -84,13 +84,11 @@ def common_start(first: list[int], second: list[int]) -> int:
 def weight_bytes(model: Any) -> int:
     """Bytes of the weights, a quantized tensor's data and scales counted as stored, and
     int4's dense copies (inference.int4) that are not a weight's own tensor."""
-    total, pointers = 0, set()
+    total = 0
     for parameter in model.parameters():
         inner = [getattr(parameter, name) for name in getattr(parameter, "tensor_data_names", ())] or [parameter]
         total += sum(tensor.numel() * tensor.element_size() for tensor in inner)
-        pointers.update(tensor.data_ptr() for tensor in inner)
-    copies = [buffer for name, buffer in model.named_buffers() if name.endswith("dense_weight")]
-    return total + sum(copy.nbytes for copy in copies if copy.data_ptr() not in pointers)
+    return total + dense_copy_bytes(model)
 
 
 def measure(quantization: str, dtype: str, tokens: int) -> dict[str, Any]:

@@ -107,7 +107,7 @@ def keep_dense_weights(
     by_shape: dict[tuple[int, ...], list[torch.nn.Module]] = defaultdict(list)
     for module in weights:
         by_shape[tuple(weights[module].shape)].append(module)
-    started, kept_bytes = time.perf_counter(), 0
+    started = time.perf_counter()
     for shape, modules in by_shape.items():
         dense = [weights[module].to(dense_dtype) for module in modules]
         crossover = dense_from_rows(lambda rows: measure(modules, dense, rows))  # noqa: B023 (called here)
@@ -116,8 +116,6 @@ def keep_dense_weights(
             assert isinstance(module, Int4Linear)
             module.dense_from_rows = crossover
             module.register_buffer("dense_weight", weight if crossover else None, persistent=False)
-            if crossover and weight.data_ptr() != weights[module].data_ptr():
-                kept_bytes += weight.nbytes  # (a tied head's bfloat16 copy is the embedding itself)
         logger.info(
             "int4: %d layers of %dx%d multiply in %s from %s rows",
             len(modules),
@@ -129,8 +127,17 @@ def keep_dense_weights(
     logger.info(
         "int4: crossovers measured in %.1f s; dense copies take %.0f MiB",
         time.perf_counter() - started,
-        kept_bytes / 2**20,
+        dense_copy_bytes(model) / 2**20,
     )
+
+
+def dense_copy_bytes(model: torch.nn.Module) -> int:
+    """Bytes the dense copies of `model`'s Int4Linear layers hold beyond its parameters: a
+    tied output layer's bfloat16 copy is the embedding itself and costs nothing; any other
+    copy does, a bfloat16 one too (the weight it keeps would have been freed)."""
+    parameters = {parameter.data_ptr() for parameter in model.parameters() if type(parameter) is torch.nn.Parameter}
+    copies = [module.dense_weight for module in model.modules() if isinstance(module, Int4Linear)]
+    return sum(copy.nbytes for copy in copies if copy is not None and copy.data_ptr() not in parameters)
 
 
 def measure(modules: list[torch.nn.Module], dense: list[torch.Tensor], rows: int) -> tuple[float, float]:

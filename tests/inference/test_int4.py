@@ -1,4 +1,4 @@
-"""CHAT_QUANTIZATION=int4's layers: 4-bit weights for few rows, bfloat16 ones from a
+"""CHAT_QUANTIZATION=int4's layers: 4-bit weights for few rows, dense copies from a
 crossover measured on the CPU at load (inference.int4)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from inference.int4 import Int4Linear, dense_from_rows, int4_only, keep_dense_weights
+from inference.int4 import Int4Linear, dense_copy_bytes, dense_from_rows, int4_only, keep_dense_weights
 from inference.loading import INT4_GROUP_SIZE
 
 pytest.importorskip("torchao")
@@ -92,6 +92,7 @@ def test_keeping_dense_weights_measures_each_shape_once_and_applies_its_crossove
         assert layer.dense_from_rows == 64
         assert layer.dense_weight is weights[layer]  # already bfloat16: no copy
         assert "dense_weight" not in layer.state_dict()  # not saved with the model
+    assert dense_copy_bytes(model) == 3 * 64 * 128 * 2  # the weights it keeps, freed otherwise
     assert "3 layers of 128x64 multiply in bfloat16 from 64 rows" in caplog.text
 
 

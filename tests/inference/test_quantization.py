@@ -13,7 +13,7 @@ from django.test import override_settings
 from generation.checks import model_settings_check
 from inference.batching import Sequence, StaticBatch, open_batch
 from inference.generators import GenerationParams, TransformersGenerator, load_generator
-from inference.int4 import int4_only
+from inference.int4 import dense_copy_bytes, int4_only
 from inference.loading import INT4_GROUP_SIZE, cpu_has_native_bf16, quantize_weights
 from inference.registry import resolve_model
 
@@ -91,6 +91,9 @@ def test_int4_layers_keep_dense_weights_only_where_they_pay_in_the_cpus_fast_dty
     head = model.lm_head.dense_weight
     if head is not None and head.dtype == torch.bfloat16:  # tied: the embedding's own tensor
         assert model.lm_head.dense_weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    copies = [linear.dense_weight for linear in linear_layers(smollm_int4) if linear.dense_weight is not None]
+    free = head is not None and head.dtype == torch.bfloat16
+    assert dense_copy_bytes(model) == sum(copy.nbytes for copy in copies) - (free and head.nbytes)
 
 
 @pytest.mark.parametrize("setting", ["int8", "int4"])
