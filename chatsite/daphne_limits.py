@@ -1,4 +1,5 @@
-"""Limits in daphne's own connection handling, below the application, where it has none.
+"""Limits in daphne's own connection handling, below the application, where it has none,
+and a response's bytes sent as soon as they are written (`send_now`).
 
 - A deadline for a request's headers (CHAT_HEADER_TIMEOUT_S). Twisted's HTTPChannel has
   one timeout, for silence: every byte received resets it (`dataReceived` calls
@@ -36,7 +37,7 @@ from typing import Any
 
 from daphne import http_protocol, ws_protocol
 from django.conf import settings
-from twisted.internet import interfaces
+from twisted.internet import interfaces, tcp
 from twisted.internet.protocol import connectionDone
 from twisted.python.failure import Failure
 from twisted.web import http
@@ -53,7 +54,44 @@ POLICY_VIOLATION = 1008
 RFC_6455_SERVER_CODES = frozenset({1001, 1002, 1003, 1007, 1008, 1009, 1011})
 
 
-class HeaderDeadlineChannel(http.HTTPChannel):
+def send_now(transport: Any, data: bytes) -> None:
+    """`transport.write(data)`, with what the socket takes at once sent now.
+
+    A Twisted TCP transport never sends in `write`: it buffers, registers the socket for
+    writing, and sends on the reactor's next turn (`doWrite`), which unregisters it again.
+    For an event stream that is, per chunk, two epoll_ctl calls, one more turn of the
+    event loop and Twisted's logging context around `doWrite` (docs/benchmarks.md, the
+    gateway's write). asyncio's own transports try the socket first; this does the same
+    when nothing of the connection's waits in Twisted's buffer, so the order holds. What
+    the socket does not take, and any error, goes through that buffer as before: Twisted
+    then meets the error itself and closes the connection its own way. Any other
+    transport (TLS, a test's) is written to as usual.
+    """
+    if (
+        isinstance(transport, tcp.Connection)
+        and transport.connected
+        and not (transport.disconnecting or transport._writeDisconnected)
+        and not transport._tempDataBuffer
+        and transport.offset == len(transport.dataBuffer)
+    ):
+        sent = transport.writeSomeData(data)
+        if isinstance(sent, int):
+            data = data[sent:]
+    if data:
+        transport.write(data)
+
+
+class EagerWriteChannel(http.HTTPChannel):
+    """Twisted's HTTP/1.1 channel, sending a response's bytes as soon as it has them (`send_now`)."""
+
+    def write(self, data: bytes) -> None:
+        send_now(self.transport, data)
+
+    def writeSequence(self, iovec: Any) -> None:
+        send_now(self.transport, b"".join(iovec))
+
+
+class HeaderDeadlineChannel(EagerWriteChannel):
     """Twisted's HTTP/1.1 channel with a deadline for each request's headers."""
 
     _header_deadline: Any = None  # the IDelayedCall, while a request's headers are awaited
