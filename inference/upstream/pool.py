@@ -155,6 +155,7 @@ class UpstreamPool:
         self._thread: threading.Thread | None = None  # the loop's, when the pool runs its own
         self._serving = False  # its loop runs its session, waiting room and background tasks
         self._client: aiohttp.ClientSession | None = None
+        self._resend_client: aiohttp.ClientSession | None = None  # new connections only (`_post`)
         self._room: asyncio.Condition | None = None
         self._background: list[asyncio.Task[None]] = []
         # Events published on the loop during one of its turns, appended together at its end:
@@ -279,8 +280,9 @@ class UpstreamPool:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
         self._background = []
-        if self._client is not None:
-            await self._client.close()
+        for client in (self._client, self._resend_client):
+            if client is not None:
+                await client.close()
 
     def _cancel(self, run: _Run) -> None:
         """On the loop: stop a run (one not begun yet stops as it begins)."""
@@ -329,6 +331,7 @@ class UpstreamPool:
         """On the pool's loop: its HTTP session, its waiting room, its background tasks."""
         loop = asyncio.get_running_loop()
         self._client = client_session()
+        self._resend_client = client_session(new_connections=True)
         self._room = asyncio.Condition()
         self._background = [
             loop.create_task(self._poll_cancels()),
@@ -527,16 +530,7 @@ class UpstreamPool:
         try:
             async with contextlib.AsyncExitStack() as stack:
                 async with asyncio.timeout(endpoint.first_token_timeout_s) as first_token:
-                    response = await stack.enter_async_context(
-                        self._client.post(
-                            url,
-                            json=request,
-                            headers=endpoint.headers,
-                            proxy=endpoint.proxy,
-                            proxy_auth=endpoint.proxy_auth,
-                            timeout=timeout,
-                        )
-                    )
+                    response = await self._post(stack, endpoint, url, request, timeout)
                     if response.status >= 400:
                         raise await self._refusal(response, run)
                     chunks = json_chunks(response)
@@ -574,6 +568,47 @@ class UpstreamPool:
             if error.retry:  # a refusal of this request is no fault of the endpoint's
                 self._note_failure(state, opens_circuit=error.opens_circuit)
             raise
+
+    async def _post(
+        self,
+        stack: contextlib.AsyncExitStack,
+        endpoint: Endpoint,
+        url: str,
+        request: dict[str, Any],
+        timeout: aiohttp.ClientTimeout,
+    ) -> aiohttp.ClientResponse:
+        """The server's response to the request, sent once more, on a new connection, when
+        the kept-alive connection it went out on turns out closed by the server before any
+        answer.
+
+        A server may close an idle connection just as it is taken from the pool (llama.cpp's
+        server was seen to, between two requests); aiohttp then fails the request, and
+        retries only idempotent ones, not a POST (RFC 9112, 9.3.1.1). A completion the
+        server never answered is safe to ask again, and it is no fault of the endpoint's.
+        The second try takes a connection of its own: the pool may hold more that the
+        server closed. A failure to connect is not retried: that one is the endpoint's."""
+        assert self._client is not None and self._resend_client is not None
+        for client in (self._client, self._resend_client):
+            try:
+                return await stack.enter_async_context(
+                    client.post(
+                        url,
+                        json=request,
+                        headers=endpoint.headers,
+                        proxy=endpoint.proxy,
+                        proxy_auth=endpoint.proxy_auth,
+                        timeout=timeout,
+                    )
+                )
+            except aiohttp.ClientConnectorError:
+                raise
+            except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
+                if client is self._resend_client:
+                    raise
+                logger.info(
+                    "Upstream %s closed a kept-alive connection under a request; sending it again", endpoint.name
+                )
+        raise AssertionError("unreachable")
 
     async def _refusal(self, response: aiohttp.ClientResponse, run: _Run) -> UpstreamFailed:
         """The server's own error: a 4xx is the request's fault (no retry elsewhere)."""

@@ -55,12 +55,13 @@ def openai_tool_call_deltas(deltas: list[dict[str, Any]], begun: set[int]) -> li
 MAX_LINE_BYTES = 4 * 2**20
 
 
-def client_session() -> aiohttp.ClientSession:
-    """The pool's one HTTP session, made on its running loop. No cap on connections: each endpoint
+def client_session(*, new_connections: bool = False) -> aiohttp.ClientSession:
+    """An HTTP session of the pool, made on its running loop. No cap on connections: each endpoint
     caps its own requests (`max_concurrent`). Proxies come with each request (`Endpoint.proxy`):
     trust_env would look them up, and a ~/.netrc entry for the server, on a thread for every
-    request, and that entry would fail any request that sends an API key."""
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+    request, and that entry would fail any request that sends an API key. With
+    `new_connections`, every request goes out on a connection of its own, closed after it."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=new_connections))
 
 
 async def json_chunks(response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:

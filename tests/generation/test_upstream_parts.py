@@ -534,3 +534,52 @@ async def test_a_pool_on_its_readers_loop_streams_there_without_a_thread_of_its_
     assert [e.data["delta"] for e in events if e.type == "token"] == ["Hi", " there"]
     assert events[-1].type == "done"
     assert pool._loop is asyncio.get_running_loop()  # no loop, so no thread, of its own
+
+
+def test_a_request_on_a_kept_alive_connection_the_server_closed_is_sent_again_once(caplog):
+    """The server answers one request per connection and drops the connection under the
+    next, as a server closing an idle connection just as it is reused: each answer still
+    comes, on a connection of its own, and the endpoint has no error."""
+    answered: set[tuple[str, int]] = set()  # the clients' addresses: a connection each
+
+    async def one_request_per_connection(request: web.Request) -> web.StreamResponse:
+        assert request.transport is not None
+        connection = request.transport.get_extra_info("peername")
+        if connection in answered:
+            request.transport.abort()
+            return web.Response()  # goes nowhere: the connection is gone
+        answered.add(connection)
+        return event_stream([{"choices": [{"index": 0, "delta": {"content": "Hi"}}]}])
+
+    store = InMemoryStreamStore()
+    pool = UpstreamPool(store, health_interval_s=60)
+    with ScriptedServer(one_request_per_connection) as upstream:
+        pool.configure([endpoint_from_json({**ENDPOINT, "base_url": upstream.base_url}, "e")])
+        for stream_id in ("s1", "s2", "s3"):
+            pool.submit(Job(stream_id, CHAT["messages"]), model="remote", prompt_tokens=1, body=dict(CHAT))
+            events = wait_for_terminal(store, stream_id, timeout=10)
+            assert [event.type for event in events] == ["token", "done"], events
+        snapshot = pool.snapshots()[0]
+        pool.shut_down(1)
+    assert len(answered) == 3
+    assert (snapshot["errors"], snapshot["state"]) == (0, "up")
+    assert "closed a kept-alive connection under a request; sending it again" in caplog.text
+
+
+def test_a_connection_the_server_drops_twice_fails_the_answer_as_the_endpoints_fault():
+    async def drops_every_request(request: web.Request) -> web.StreamResponse:
+        assert request.transport is not None
+        request.transport.abort()
+        return web.Response()
+
+    store = InMemoryStreamStore()
+    pool = UpstreamPool(store, health_interval_s=60)
+    with ScriptedServer(drops_every_request) as upstream:
+        pool.configure([endpoint_from_json({**ENDPOINT, "base_url": upstream.base_url}, "e")])
+        pool.submit(Job("s1", CHAT["messages"]), model="remote", prompt_tokens=1, body=dict(CHAT))
+        events = wait_for_terminal(store, "s1", timeout=10)
+        snapshot = pool.snapshots()[0]
+        pool.shut_down(1)
+    assert events[-1].type == "error"
+    assert [method for method, _, _ in upstream.requests].count("POST") == 2  # sent once more, then given up
+    assert snapshot["errors"] == 1
