@@ -132,7 +132,7 @@ def main() -> None:
         groups = summarize(raw, chunks)
         if args.raw:
             args.raw.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(raw, args.raw)
+            shutil.copyfile(raw, args.raw)
 
     print(f"{bursts} bursts of {args.level} streams, {chunks} chunks; ms per chunk by stage:")
     for group, stages in groups.items():
