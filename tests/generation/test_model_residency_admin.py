@@ -36,8 +36,10 @@ def model() -> str:
 
 @pytest.fixture
 def engine(stream_store):
-    """The chat model's engine in this process: the synthetic model, 5 words a second."""
-    engine = install_engine(stream_store, SyntheticGenerator(tokens_per_s=5, answer_words=3))
+    """The chat model's engine in this process: the synthetic model, 1 word a second, so
+    that an answer is still running while an admin action is posted (one took over the
+    0.4 s that 5 words a second left, on PostgreSQL on a slow day)."""
+    engine = install_engine(stream_store, SyntheticGenerator(tokens_per_s=1, answer_words=3))
     yield engine
     engine.stop(10)
 
