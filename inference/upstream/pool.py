@@ -588,27 +588,26 @@ class UpstreamPool:
         The second try takes a connection of its own: the pool may hold more that the
         server closed. A failure to connect is not retried: that one is the endpoint's."""
         assert self._client is not None and self._resend_client is not None
-        for client in (self._client, self._resend_client):
-            try:
-                return await stack.enter_async_context(
-                    client.post(
-                        url,
-                        json=request,
-                        headers=endpoint.headers,
-                        proxy=endpoint.proxy,
-                        proxy_auth=endpoint.proxy_auth,
-                        timeout=timeout,
-                    )
+
+        async def post(client: aiohttp.ClientSession) -> aiohttp.ClientResponse:
+            return await stack.enter_async_context(
+                client.post(
+                    url,
+                    json=request,
+                    headers=endpoint.headers,
+                    proxy=endpoint.proxy,
+                    proxy_auth=endpoint.proxy_auth,
+                    timeout=timeout,
                 )
-            except aiohttp.ClientConnectorError:
-                raise
-            except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
-                if client is self._resend_client:
-                    raise
-                logger.info(
-                    "Upstream %s closed a kept-alive connection under a request; sending it again", endpoint.name
-                )
-        raise AssertionError("unreachable")
+            )
+
+        try:
+            return await post(self._client)
+        except aiohttp.ClientConnectorError:
+            raise
+        except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
+            logger.info("Upstream %s closed a kept-alive connection under a request; sending it again", endpoint.name)
+        return await post(self._resend_client)
 
     async def _refusal(self, response: aiohttp.ClientResponse, run: _Run) -> UpstreamFailed:
         """The server's own error: a 4xx is the request's fault (no retry elsewhere)."""
