@@ -58,6 +58,14 @@ def wait_complete(page) -> None:
     )
 
 
+def regenerate(page, versions: str) -> None:
+    """Regenerate the last answer and wait for the new version (`versions`, "2/2") to be
+    complete: the old answer is complete too until the new one replaces it."""
+    page.get_by_role("button", name="Regenerate").click()
+    expect(page.locator("article[data-role=assistant]").last.locator(".versions")).to_contain_text(versions)
+    wait_complete(page)
+
+
 def shown_prompts(page) -> list[str]:
     return page.locator("article[data-role=user] .message-body").all_inner_texts()
 
@@ -113,10 +121,8 @@ def test_edit_and_regenerate_keep_versions_that_steer_the_next_answer_and_surviv
     first_answer = page.locator("article[data-role=assistant]").last
 
     # Regenerate: the old answer becomes version 1 of 2.
-    page.get_by_role("button", name="Regenerate").click()
-    wait_complete(page)
+    regenerate(page, "2/2")
     answer = page.locator("article[data-role=assistant]").last
-    expect(answer.locator(".versions")).to_contain_text("2/2")
     answer.get_by_role("button", name="Previous version").click()
     expect(answer.locator(".versions")).to_contain_text("1/2")
     expect(answer.get_by_role("button", name="Previous version")).to_be_disabled()
@@ -128,11 +134,11 @@ def test_edit_and_regenerate_keep_versions_that_steer_the_next_answer_and_surviv
     page.locator("article[data-role=user] summary", has_text="Edit").click()
     page.get_by_label("Your prompt").fill("Alpha")
     page.get_by_role("button", name="Save and ask again").click()
-    wait_complete(page)
     prompt = page.locator("article[data-role=user]").first
     expect(prompt.locator(".message-body")).to_have_text("Alpha")
     expect(prompt.locator(".versions")).to_contain_text("2/2")
     expect(page.locator("article[data-role=assistant] .versions")).to_have_count(0)
+    wait_complete(page)  # Alpha's answer (the old one was complete before the edit's swap)
 
     send(page, "Next")  # context: system 2 + "Alpha" 1 + answer 5 + "Next" 1
     expect(page.locator("article[data-role=user]")).to_have_count(2)
@@ -161,8 +167,7 @@ def test_edit_and_regenerate_keep_versions_that_steer_the_next_answer_and_surviv
 def test_export_then_import_gives_the_same_conversation_with_its_branches(page, tmp_path):
     sign_up(page, "branch-porter")
     start_with_settings(page, "Pack my bags")
-    page.get_by_role("button", name="Regenerate").click()
-    wait_complete(page)
+    regenerate(page, "2/2")
     send(page, "Where to?")
 
     page.locator("summary", has_text="Export").click()
