@@ -55,13 +55,24 @@ def openai_tool_call_deltas(deltas: list[dict[str, Any]], begun: set[int]) -> li
 MAX_LINE_BYTES = 4 * 2**20
 
 
+# Seconds an idle connection is kept for the next request: below the 5 s after which
+# llama-server (cpp-httplib) and vLLM (uvicorn) close one. aiohttp's own 15 s let a request
+# go out on a connection idle for 5-15 s just as the server closed it, and fail (a known
+# race of keep-alive: aiohttp#2682, cpp-httplib#1282); `_post` still sends such a request
+# again, for servers that close sooner.
+KEEPALIVE_S = 4.0
+
+
 def client_session(*, new_connections: bool = False) -> aiohttp.ClientSession:
     """An HTTP session of the pool, made on its running loop. No cap on connections: each endpoint
     caps its own requests (`max_concurrent`). Proxies come with each request (`Endpoint.proxy`):
     trust_env would look them up, and a ~/.netrc entry for the server, on a thread for every
-    request, and that entry would fail any request that sends an API key. With
-    `new_connections`, every request goes out on a connection of its own, closed after it."""
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=new_connections))
+    request, and that entry would fail any request that sends an API key. Connections idle
+    longer than KEEPALIVE_S are not used again. With `new_connections`, every request goes
+    out on a connection of its own, closed after it."""
+    if new_connections:
+        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True))
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S))
 
 
 async def json_chunks(response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
