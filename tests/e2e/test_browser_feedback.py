@@ -7,9 +7,8 @@ import re
 import pytest
 from playwright.sync_api import expect
 
+from tests.e2e.test_browser_ui import SYNTHETIC_ENV  # slow enough for a Stop to come in time
 from tests.support.browser import sign_up
-
-SYNTHETIC_ENV = {"CHAT_ENABLE_SYNTHETIC": "1", "CHAT_MODEL": "synthetic", "CHAT_SYNTHETIC_TOKENS_PER_S": "100"}
 
 
 @pytest.fixture(scope="module")
