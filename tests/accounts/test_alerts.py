@@ -146,7 +146,7 @@ def test_a_webhook_that_is_down_delays_no_request(alice, settings, monkeypatch):
     silent.bind(("127.0.0.1", 0))
     silent.listen(8)
     settings.CHAT_ALERT_WEBHOOK_URL = f"http://127.0.0.1:{silent.getsockname()[1]}/hook"
-    monkeypatch.setattr(alerts, "WEBHOOK_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(alerts, "WEBHOOK_TIMEOUT_S", 2.0)
     monkeypatch.setattr(alerts, "RETRY_DELAYS_S", (0.1,))
     budget(account=roomy(alice), amount=100, soft_limit_percent=10)
     try:
@@ -155,7 +155,9 @@ def test_a_webhook_that_is_down_delays_no_request(alice, settings, monkeypatch):
         use(alice, 20)
         took = time.monotonic() - started
 
-        assert took < 0.75  # the webhook's two attempts take over two seconds
+        # Waiting for the webhook would take its first attempt's 2 s at least; the two
+        # requests alone take milliseconds, and the bound leaves room for a busy machine.
+        assert took < 2.0
         assert BudgetAlert.objects.get().delivered_at is None  # still being tried
         assert alerts.alerts_wait(15)
         assert BudgetAlert.objects.get().delivered_at is None  # given up: left undelivered
