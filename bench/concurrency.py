@@ -177,7 +177,10 @@ async def timed_request(
             record.content_chunks += 1
             last = now
     except Exception as error:  # a refused or broken stream is a result, not a crash
-        record.error = f"{type(error).__name__}: {error}"[:500]
+        record.error = f"{type(error).__name__}: {error}"
+        if error.__cause__ is not None:  # the openai client's "Connection error." hides what broke
+            record.error += f" ({type(error.__cause__).__name__}: {error.__cause__})"
+        record.error = record.error[:500]
     record.total_s = time.perf_counter() - started
     return record
 
@@ -232,6 +235,8 @@ def summarise(
         "concurrency": concurrency,
         "requests": len(records),
         "errors": len(records) - len(done),
+        # What failed, kept where the records are not (bench.upstream's results).
+        "error_messages": sorted({r.error for r in records if r.error is not None}),
         "missing_usage": sum(r.completion_tokens is None for r in done),
         "completion_tokens": tokens,
         "content_chunks": sum(r.content_chunks for r in done),

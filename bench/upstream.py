@@ -178,6 +178,8 @@ def print_measured(level: int, number: int, way: str, measured: dict[str, Any]) 
         f"  {measured['completion_tokens'] / chunks if chunks else 0:.2f} tok/chunk",
         flush=True,
     )
+    for message in measured["error_messages"]:
+        print(f"    failed: {message}", flush=True)
 
 
 def print_level(level: int, compared: dict[str, Any]) -> None:
