@@ -58,8 +58,8 @@ MAX_LINE_BYTES = 4 * 2**20
 # Seconds an idle connection is kept for the next request: below the 5 s after which
 # llama-server (cpp-httplib) and vLLM (uvicorn) close one. aiohttp's own 15 s let a request
 # go out on a connection idle for 5-15 s just as the server closed it, and fail (a known
-# race of keep-alive: aiohttp#2682, cpp-httplib#1282); `_post` still sends such a request
-# again, for servers that close sooner.
+# race of keep-alive: aiohttp#2682, cpp-httplib#1282). `_post` still sends a request lost
+# so once more, for servers that close sooner or drop a connection for other reasons.
 KEEPALIVE_S = 4.0
 
 

@@ -4,8 +4,8 @@ An imported 5,000-message conversation cost 7-8 s a view while the tree walks co
 each message with every message before it; these bounds are of the linear walk's order
 (tens of milliseconds), loose enough for a slow machine, and far below the quadratic one.
 Each walk is timed as the fastest of a few runs: a machine busy with other work (CI runs
-two test workers on two cores) stalls one run by seconds, never every one, while a
-quadratic walk is slow in all of them. The comparison counts hold on any machine.
+two test workers on two cores) may stall one run by seconds, seldom all of them, while
+a quadratic walk is slow in every one. The comparison counts hold on any machine.
 """
 
 from __future__ import annotations
