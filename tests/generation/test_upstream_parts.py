@@ -295,22 +295,13 @@ def test_a_connection_idle_longer_than_the_keepalive_is_not_used_again(monkeypat
     one just as it closes is lost. The pool gives up an idle connection sooner."""
     assert wire.KEEPALIVE_S < 5
     monkeypatch.setattr(wire, "KEEPALIVE_S", 0.3)
-    peers: list[object] = []  # the connection of each request, health checks' too
-
-    def seen(request: web.Request) -> None:
-        peers.append(request.transport.get_extra_info("peername") if request.transport else None)
-
-    async def models(request: web.Request) -> web.Response:
-        seen(request)
-        return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
 
     async def model_server(request: web.Request) -> web.Response:
-        seen(request)
         return event_stream([chunk_of("Hi", "stop")])
 
     store = InMemoryStreamStore()
     pool = UpstreamPool(store, health_interval_s=60)
-    with ScriptedServer(model_server, models=models) as upstream:
+    with ScriptedServer(model_server) as upstream:
         pool.configure([endpoint_from_json({**ENDPOINT, "base_url": upstream.base_url}, "e")])
         for stream_id in ("s1", "s2", "s3", "s4"):
             if stream_id == "s4":
@@ -319,6 +310,7 @@ def test_a_connection_idle_longer_than_the_keepalive_is_not_used_again(monkeypat
             wait_for_terminal(store, stream_id, timeout=10)
         pool.shut_down(1)
 
+    peers = upstream.peers  # the connection of each request, health checks' too
     assert peers[-1] not in peers[:-1]  # every kept connection had been idle too long
 
 

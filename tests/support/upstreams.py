@@ -296,12 +296,14 @@ class ScriptedServer:
     answers it with `models`) and answers every other request with `handler`, a coroutine
     that takes aiohttp's request.
     `loop` is the server's loop, for a test to set its handler's events from outside;
-    `requests` the method, path and headers of each request it received."""
+    `requests` the method, path and headers of each request it received; `peers` the
+    client's address of each (one per connection), health checks' included."""
 
     def __init__(self, handler: Handler, *, models: Handler | None = None) -> None:
         self.handler = handler
         self.models = models or self._models
         self.requests: list[tuple[str, str, dict[str, str]]] = []
+        self.peers: list[object] = []
         self.loop = asyncio.new_event_loop()
         self._runner: web.AppRunner | None = None
         self.port = free_port()
@@ -334,6 +336,7 @@ class ScriptedServer:
     @web.middleware
     async def _record(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         self.requests.append((request.method, request.path, dict(request.headers)))
+        self.peers.append(request.transport.get_extra_info("peername") if request.transport else None)
         return await handler(request)
 
     @staticmethod
