@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-API_VERSION = "1.2.0"
+API_VERSION = "1.3.0"
 
 ROOT = Path(__file__).resolve().parent.parent
 CHANGELOG = ROOT / "CHANGELOG.md"

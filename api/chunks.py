@@ -56,7 +56,7 @@ class Completion:
             "text_completion", [{"index": 0, "text": content or "", "finish_reason": finish_reason, "logprobs": None}]
         )
 
-    def usage_chunk(self, usage: dict[str, int], cost: tuple[Decimal, str] | None = None) -> dict[str, Any]:
+    def usage_chunk(self, usage: dict[str, Any], cost: tuple[Decimal, str] | None = None) -> dict[str, Any]:
         """The usage chunk; with the request's cost and its currency as fields of ours, if priced."""
         priced: dict[str, Any] = dict(usage)
         if cost is not None:
@@ -66,7 +66,7 @@ class Completion:
             "usage": priced,
         }
 
-    def whole(self, answer: WholeAnswer, finish_reason: str, usage: dict[str, int]) -> dict[str, Any]:
+    def whole(self, answer: WholeAnswer, finish_reason: str, usage: dict[str, Any]) -> dict[str, Any]:
         text = "".join(answer.pieces)
         logprobs = {"content": answer.logprobs} if answer.logprobs else None
         if self.kind == "chat":

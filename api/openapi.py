@@ -174,6 +174,10 @@ RESPONSE_SCHEMAS: dict[str, Any] = {
             "prompt_tokens": INTEGER,
             "completion_tokens": INTEGER,
             "total_tokens": INTEGER,
+            "prompt_tokens_details": {
+                **_object({"cached_tokens": INTEGER}),
+                "description": "The prompt's tokens the model did not run again (it reused their keys and values)",
+            },
             # Ours, in a stream's usage chunk where the model has a price.
             "cost": {"type": "string", "description": "The request's cost (a stream's usage chunk, if priced)"},
             "currency": {"type": "string", "description": "The currency of cost"},

@@ -48,7 +48,7 @@ class ResponseOutcome:
 
     status: str = "in_progress"  # completed | incomplete | cancelled | failed | in_progress
     text: str = ""
-    usage: dict[str, int] | None = None  # the generation's: prompt_tokens, completion_tokens, total_tokens
+    usage: dict[str, Any] | None = None  # the generation's: prompt_tokens, completion_tokens, total_tokens
     error: dict[str, Any] | None = None  # {code, message}
     incomplete_reason: str | None = None
     completed_at: int | None = None
@@ -96,12 +96,12 @@ def outcome_of(events: Iterable[StreamEvent], *, created_at: int) -> ResponseOut
     return outcome
 
 
-def response_usage(usage: dict[str, int] | None) -> dict[str, Any] | None:
+def response_usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
     if usage is None:
         return None
     return {
         "input_tokens": usage["prompt_tokens"],
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)},
         "output_tokens": usage["completion_tokens"],
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": usage["total_tokens"],

@@ -559,6 +559,10 @@ GENERATION_SCHEDULER = env_choice("GENERATION_SCHEDULER", "batched", ("batched",
 GENERATION_CUDA_GRAPHS = env_choice("GENERATION_CUDA_GRAPHS", "auto", ("auto", "0", "1"))
 # Each generation's key/value slot on the static path: prompt plus answer, in tokens.
 GENERATION_SLOT_TOKENS = env_int("GENERATION_SLOT_TOKENS", 4096, minimum=16)
+# Keys and values of finished generations kept per model, in MiB, so that a prompt that
+# begins as an earlier one of the same user did (a chat's next turn, a regenerated answer)
+# runs only the rest (docs/deployment.md: Prefix cache). 0: only the chat template's opening.
+GENERATION_PREFIX_CACHE_MB = env_int("GENERATION_PREFIX_CACHE_MB", 256, minimum=0)
 # With GENERATION_CUDA_GRAPHS=1 on a CPU: compile the static decoding step (torch.compile)
 # when the model loads, about 100 s on two cores, for steps 1.3-1.7x faster.
 GENERATION_COMPILE = env_bool("GENERATION_COMPILE", False)

@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from inference.attention import CPU_DECODE_ATTENTION
@@ -34,6 +34,7 @@ from inference.generators import (
     UnfitPrompt,
     check_prompt,
 )
+from inference.prefix_cache import LayerKV, PrefixCache
 
 if TYPE_CHECKING:
     import torch
@@ -55,6 +56,7 @@ class Sequence:
     params: GenerationParams
     on_token: Callable[[str], None]
     should_stop: Callable[[], bool]
+    owner: str = ""  # whose it is: it starts only from its own owner's earlier sequences (PrefixCache)
 
 
 # A sequence leaving the batch: how it ended, or what failed it alone.
@@ -88,14 +90,16 @@ class _Row:
     rng: torch.Generator | None
     count: int = 0
     next_id: int | None = None  # sampled, not yet fed to the model
+    tokens: list[int] = field(default_factory=list)  # sampled so far, next_id last
     finish_reason: str | None = None
     cached: int = 0  # tokens in its key/value slot (StaticBatch)
+    reused: int = 0  # the prompt's first tokens, whose keys and values it started from
 
 
 class TransformersBatch:
     """The rows decoding together on one model; driven by one thread calling `step()`."""
 
-    def __init__(self, generator: TransformersGenerator) -> None:
+    def __init__(self, generator: TransformersGenerator, *, prefix_cache_bytes: int = 0) -> None:
         import torch
 
         self._torch = torch
@@ -110,7 +114,11 @@ class TransformersBatch:
         self._joining: list[_Row] = []
         self._cache: Any = None
         self._mask: torch.Tensor | None = None  # (rows, cached length): 1 = real token
-        self._prefix: tuple[list[int], list[tuple[Any, Any]]] | None = None
+        # Finished sequences' keys and values, for prompts that begin the same way. Only
+        # where every layer attends to every earlier token: a sliding window's layers keep
+        # only its last tokens, so no prefix of them is whole.
+        self.prefixes = PrefixCache(prefix_cache_bytes if not partial_attention(self.model.config) else 0)
+        self._template_shared = False
 
     def __len__(self) -> int:
         return len(self._rows) + len(self._joining)
@@ -156,15 +164,38 @@ class TransformersBatch:
             if row.finish_reason is None:
                 keep.append(index)
             else:
-                finished.append((row.sequence, GenerationOutcome(len(row.prompt_ids), row.count, row.finish_reason)))
+                outcome = GenerationOutcome(len(row.prompt_ids), row.count, row.finish_reason, row.reused)
+                finished.append((row.sequence, outcome))
         if len(keep) < len(self._rows):
+            kept = set(keep)
+            for index, row in enumerate(self._rows):
+                if index not in kept and row.finish_reason is not None:
+                    self._remember(index)
             self._drop_all_but(keep)
         return finished
+
+    def _remember(self, index: int) -> None:
+        """Keep the keys and values of the row's tokens (its prompt, and its answer but the
+        last token, which the model never ran) for its owner's later prompts."""
+        if not self.prefixes.budget_bytes:
+            return
+        row = self._rows[index]
+        self.prefixes.add(row.sequence.owner, row.prompt_ids + row.tokens[:-1], self._row_kv(index))
+
+    def _row_kv(self, index: int) -> LayerKV:
+        """A copy of the keys and values of the row's tokens, per layer, without padding."""
+        assert self._mask is not None
+        real = self._mask[index].bool()
+        return [
+            (layer.keys[index : index + 1, :, real], layer.values[index : index + 1, :, real])
+            for layer in self._cache.layers
+        ]
 
     def _advance(self, row: _Row, token_id: int) -> None:
         """Take a row's next token: hand on its text, and decide whether it has finished."""
         row.count += 1
         row.next_id = token_id
+        row.tokens.append(token_id)
         if token_id in self.generator.eos_ids:
             row.finish_reason = "stop"
         elif text := row.text.step(token_id):
@@ -254,61 +285,71 @@ class TransformersBatch:
         order, and each one's logits for its first token. Nothing is merged unless every
         prompt ran.
 
-        Prompts that open with the chat template's usual beginning (its system prompt, up
-        to the first message) start from that beginning's keys and values, computed once:
-        on a CPU the prefill is bound by arithmetic, so this saves most of a short
-        chat's time to first token."""
-        torch = self._torch
-        prefix_ids, prefix_kv = self._template_prefix()
-        skip = len(prefix_ids)
-        sharing = [row for row in rows if skip and row.prompt_ids[:skip] == prefix_ids and len(row.prompt_ids) > skip]
-        others = [row for row in rows if row not in sharing]
-        groups = []
-        if sharing:
-            groups.append(self._prefill_group(sharing, skip, prefix_kv))
-        if others:
-            groups.append(self._prefill_group(others, 0, []))
-        for group_rows, (cache, mask, _) in zip([rows for rows in (sharing, others) if rows], groups, strict=True):
-            self._merge(group_rows, cache, mask)
-        return sharing + others, torch.cat([logits for _, _, logits in groups])
+        Each prompt starts after the longest beginning whose keys and values are known
+        (PrefixCache: its owner's earlier sequences, or the chat template's usual
+        beginning): on a CPU the prefill is bound by arithmetic, so this saves most of a
+        short chat's time to first token, and a long conversation's whole history."""
+        self._share_template_prefix()
+        starts = [self.prefixes.longest(row.sequence.owner, row.prompt_ids) for row in rows]
+        for row, (skip, _) in zip(rows, starts, strict=True):
+            row.reused = skip
+        cache, mask, logits = self._prefill_rows(rows, starts)
+        self._merge(rows, cache, mask)
+        return rows, logits
 
-    def _prefill_group(
-        self, rows: list[_Row], skip: int, prefix_kv: list[tuple[Any, Any]]
+    def _prefill_rows(
+        self, rows: list[_Row], starts: list[tuple[int, LayerKV]]
     ) -> tuple[Any, torch.Tensor, torch.Tensor]:
-        """Prefill these rows' prompts after their first `skip` tokens, whose keys and
-        values are given, left-padding the rest to one width: their cache, mask and logits."""
+        """Prefill these rows' prompts, each after the first `skip` tokens whose keys and
+        values `starts` gives: their cache, mask and logits.
+
+        In the cache each row's known tokens are left-padded to the longest of them, and
+        the rest of its prompt after them to the longest rest; the mask hides both paddings."""
         from transformers import DynamicCache
 
         torch = self._torch
-        rests = [row.prompt_ids[skip:] for row in rows]
+        past = max(skip for skip, _ in starts)
+        rests = [row.prompt_ids[skip:] for row, (skip, _) in zip(rows, starts, strict=True)]
         width = max(len(rest) for rest in rests)
         input_ids = torch.tensor([[self.pad_id] * (width - len(rest)) + rest for rest in rests], device=self.device)
-        mask = torch.tensor([[1] * skip + [0] * (width - len(rest)) + [1] * len(rest) for rest in rests])
-        mask = mask.to(self.device)
+        mask = torch.tensor(
+            [
+                [0] * (past - skip) + [1] * skip + [0] * (width - len(rest)) + [1] * len(rest)
+                for (skip, _), rest in zip(starts, rests, strict=True)
+            ]
+        ).to(self.device)
         cache = None
-        if prefix_kv:  # the padding sits between the prefix and the rest: the mask hides it
-            shape = (len(rows), -1, -1, -1)
-            cache = DynamicCache([(keys.expand(shape), values.expand(shape)) for keys, values in prefix_kv])
+        if past:
+            # Rows that start from nothing take a known one's columns cut to none, padded.
+            some = next(kv for skip, kv in starts if skip)
+            layers = []
+            for layer in range(len(some)):
+                keys, values = [], []
+                for skip, kv in starts:
+                    layer_keys, layer_values = (kv or some)[layer]
+                    keys.append(_left_pad(layer_keys[:, :, :skip], past, 2))
+                    values.append(_left_pad(layer_values[:, :, :skip], past, 2))
+                layers.append((torch.cat(keys), torch.cat(values)))
+            cache = DynamicCache(layers)
         output = self.model(
             input_ids=input_ids,
             attention_mask=mask,
-            position_ids=(mask.cumsum(dim=1) - 1).clamp(min=0)[:, skip:],
+            position_ids=(mask.cumsum(dim=1) - 1).clamp(min=0)[:, past:],
             cache=cache,
             use_cache=True,
             logits_to_keep=1,
         )
         return output.cache, mask, output.logits[:, -1, :].float()
 
-    def _template_prefix(self) -> tuple[list[int], list[tuple[Any, Any]]]:
-        """The chat template's usual beginning and its keys and values per layer."""
-        if self._prefix is None:
-            ids = self.generator.template_prefix()
-            kv: list[tuple[Any, Any]] = []
-            if ids:
-                output = self.model(input_ids=self._torch.tensor([ids], device=self.device), use_cache=True)
-                kv = [(layer.keys, layer.values) for layer in output.cache.layers]
-            self._prefix = (ids, kv)
-        return self._prefix
+    def _share_template_prefix(self) -> None:
+        """Run the chat template's usual beginning once, for every prompt to start from."""
+        if self._template_shared:
+            return
+        ids = self.generator.template_prefix()
+        if ids:
+            output = self.model(input_ids=self._torch.tensor([ids], device=self.device), use_cache=True)
+            self.prefixes.share(ids, [(layer.keys, layer.values) for layer in output.cache.layers])
+        self._template_shared = True
 
     def _merge(self, rows: list[_Row], cache: Any, mask: torch.Tensor) -> None:
         """Take in the joining rows' prefilled cache (left-padded, `mask` 1 on real tokens)."""
@@ -510,8 +551,9 @@ class StaticBatch(TransformersBatch):
         row_tokens: int,
         cuda_graphs: bool,
         compiled: bool = False,
+        prefix_cache_bytes: int = 0,
     ) -> None:
-        super().__init__(generator)
+        super().__init__(generator, prefix_cache_bytes=prefix_cache_bytes)
         torch = self._torch
         config = self.model.config
         self.row_tokens = min(row_tokens, generator.context_length)
@@ -721,6 +763,14 @@ class StaticBatch(TransformersBatch):
             row.cached = int(length)
         self._filled = stop
 
+    def _row_kv(self, index: int) -> LayerKV:
+        """A copy of the keys and values in the row's slot: its tokens, columns 0 to its length."""
+        length = self._rows[index].cached
+        return [
+            (keys[index : index + 1, :, :length].clone(), values[index : index + 1, :, :length].clone())
+            for keys, values in zip(self._keys, self._values, strict=True)
+        ]
+
     def _drop_all_but(self, keep: list[int]) -> None:
         """Keep these rows in the first slots: each freed slot below the new end takes one
         row from beyond it (slot_moves), so a departure copies one row's tokens at most."""
@@ -891,6 +941,7 @@ def open_batch(
     cuda_graphs: str = "0",
     row_tokens: int = 4096,
     compiled: bool = False,
+    prefix_cache_bytes: int = 0,
 ) -> Batch:
     """An empty batch of the generator's model.
 
@@ -898,19 +949,28 @@ def open_batch(
     with CUDA graphs where the model is on CUDA (on a CPU it runs eagerly, as tested);
     `auto` the static path with graphs on CUDA, the dynamic path elsewhere.
     `compiled` (GENERATION_COMPILE): where the static path runs without graphs (a CPU),
-    its step is compiled (compiled_step) before the batch serves."""
+    its step is compiled (compiled_step) before the batch serves.
+    `prefix_cache_bytes` (GENERATION_PREFIX_CACHE_MB): the keys and values of finished
+    sequences kept for prompts that begin the same way (PrefixCache)."""
     if isinstance(generator, SyntheticGenerator):
         return SyntheticBatch(generator)
     assert isinstance(generator, TransformersGenerator), f"{generator!r} cannot batch"
     if not wants_static(generator, cuda_graphs):
-        return TransformersBatch(generator)
+        return TransformersBatch(generator, prefix_cache_bytes=prefix_cache_bytes)
     on_cuda = generator.device.type == "cuda"
     if unsupported := static_unsupported(generator.model.config):
         logger.warning("GENERATION_CUDA_GRAPHS=%s: %s; decoding on the dynamic path", cuda_graphs, unsupported)
-        return TransformersBatch(generator)
+        return TransformersBatch(generator, prefix_cache_bytes=prefix_cache_bytes)
     if not on_cuda:
         logger.warning("GENERATION_CUDA_GRAPHS=1 on %s: static decoding without graphs", generator.device)
-    batch = StaticBatch(generator, max_rows=max_rows, row_tokens=row_tokens, cuda_graphs=on_cuda, compiled=compiled)
+    batch = StaticBatch(
+        generator,
+        max_rows=max_rows,
+        row_tokens=row_tokens,
+        cuda_graphs=on_cuda,
+        compiled=compiled,
+        prefix_cache_bytes=prefix_cache_bytes,
+    )
     if on_cuda:
         batch.capture_all()
     elif compiled:
@@ -926,13 +986,19 @@ def wants_static(generator: Generator | None, cuda_graphs: str) -> bool:
     return cuda_graphs == "1" or (cuda_graphs == "auto" and generator.device.type == "cuda")
 
 
+def partial_attention(config: Any) -> str | None:
+    """The model's kinds of layers where some don't attend to every earlier token (a
+    sliding window's), else None."""
+    kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
+    return None if kinds == {"full_attention"} else ", ".join(sorted(kinds))
+
+
 def static_unsupported(config: Any) -> str | None:
     """Why the static path can't run this model, if it can't: its slots are plain causal
     attention over every earlier token, through a mask it builds itself, and its steps
     are captured as CUDA graphs."""
-    kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
-    if kinds != {"full_attention"}:
-        return f"its layers are {', '.join(sorted(kinds))}, not only full attention"
+    if kinds := partial_attention(config):
+        return f"its layers are {kinds}, not only full attention"
     implementation = getattr(config, "_attn_implementation", None)
     if implementation not in ("sdpa", "eager", CPU_DECODE_ATTENTION):  # the last takes sdpa's masks
         return f"its attention implementation is {implementation}, not sdpa or eager"

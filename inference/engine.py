@@ -48,6 +48,8 @@ class GenerationResult:
     finish_reason: str
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # Of the prompt's tokens, those the model did not run again (its prefix cache).
+    cached_tokens: int = 0
     ttft_s: float | None = None
     duration_s: float = 0.0
     error: str = ""
@@ -82,14 +84,17 @@ class GenerationResult:
     def summary(self) -> dict[str, Any]:
         """The `done` event's data."""
         decode_s = self.duration_s - (self.ttft_s or 0.0)
+        usage: dict[str, Any] = {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+        }
+        if self.cached_tokens:  # as OpenAI's API says it
+            usage["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
         return {
             "status": self.status,
             "finish_reason": self.finish_reason,
-            "usage": {
-                "prompt_tokens": self.prompt_tokens,
-                "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens,
-            },
+            "usage": usage,
             "timings": {
                 "ttft_ms": None if self.ttft_s is None else round(self.ttft_s * 1000, 1),
                 "duration_ms": round(self.duration_s * 1000, 1),
@@ -243,7 +248,7 @@ class _Run:
         self.stop = StopMatcher(job.params.stop)
         self.cancelled = False  # set by whoever watches the store's cancel flag
         self._shutting_down = engine._interrupting
-        self.sequence = Sequence(job.prompt, job.params, self.on_token, self.should_stop)
+        self.sequence = Sequence(job.prompt, job.params, self.on_token, self.should_stop, job.owner)
 
     def on_token(self, text: str) -> None:
         if not self.stop.matched and not self.filtered():
@@ -292,12 +297,14 @@ class _Run:
                 error=INTERRUPTED,
                 prompt_tokens=outcome.prompt_tokens,
                 completion_tokens=outcome.completion_tokens,
+                cached_tokens=outcome.cached_tokens,
             )
         return self._result(
             status=GenerationStatus.STOPPED if finish_reason == "cancelled" else GenerationStatus.COMPLETE,
             finish_reason=finish_reason,
             prompt_tokens=outcome.prompt_tokens,
             completion_tokens=outcome.completion_tokens,
+            cached_tokens=outcome.cached_tokens,
         )
 
     def cancelled_before_start(self) -> GenerationResult:
@@ -363,6 +370,7 @@ class Engine:
         cuda_graphs: str = "0",
         slot_tokens: int = 4096,
         compiled: bool = False,
+        prefix_cache_mb: int = 0,
         threads: int | None = None,
         idle_unload_s: float = 0.0,
         on_loaded: Callable[[float], None] | None = None,
@@ -399,6 +407,7 @@ class Engine:
         self.progress_interval_s = progress_interval_s
         self.cuda_graphs = cuda_graphs  # GENERATION_CUDA_GRAPHS: how the batch decodes
         self.slot_tokens = slot_tokens
+        self.prefix_cache_mb = prefix_cache_mb  # GENERATION_PREFIX_CACHE_MB: finished sequences' keys and values kept
         self.compiled = compiled  # GENERATION_COMPILE: the static step compiled where no graph runs it
         self.threads = threads  # GENERATION_THREADS: a CPU model's threads; None: torch's own (a core each)
         self.active = 0
@@ -868,6 +877,7 @@ class Engine:
                 cuda_graphs=self.cuda_graphs,
                 row_tokens=self.slot_tokens,
                 compiled=self.compiled,
+                prefix_cache_bytes=self.prefix_cache_mb * 2**20,
             )
         except Exception as error:  # e.g. no memory for the key/value slots: every job is told why
             logger.exception("The batch could not be set up")

@@ -45,6 +45,7 @@ class GenerationOutcome:
     prompt_tokens: int
     completion_tokens: int
     finish_reason: str  # "stop" | "length" | "cancelled"
+    cached_tokens: int = 0  # of the prompt's, those whose keys and values were reused (PrefixCache)
 
 
 class UnfitPrompt(ValueError):

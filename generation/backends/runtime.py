@@ -135,6 +135,7 @@ def _engine_for(spec: ModelSpec, store: StreamStore, budget: ModelBudget) -> Eng
         cuda_graphs=settings.GENERATION_CUDA_GRAPHS,
         slot_tokens=settings.GENERATION_SLOT_TOKENS,
         compiled=settings.GENERATION_COMPILE,
+        prefix_cache_mb=settings.GENERATION_PREFIX_CACHE_MB,
         threads=settings.GENERATION_THREADS,
         idle_unload_s=settings.CHAT_MODEL_IDLE_UNLOAD_S,
         on_loaded=partial(observe_model_load, spec.name),
