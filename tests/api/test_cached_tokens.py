@@ -7,6 +7,7 @@ import json
 
 import openai
 import pytest
+from prometheus_client import REGISTRY
 
 from accounts.services import api_key_create
 from tests.support.api_client import MODEL, post, sse
@@ -36,6 +37,7 @@ def test_a_conversations_next_turn_reports_its_earlier_turn_as_cached_and_no_one
 ):
     alice_key, bob_key = (api_key_create(user=user, name="test")[1] for user in (alice, bob))
     opening = len(smollm.template_prefix())
+    counted_before = cached_counted()
 
     first = ask(FIRST, alice_key)
     assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": opening}
@@ -48,6 +50,12 @@ def test_a_conversations_next_turn_reports_its_earlier_turn_as_cached_and_no_one
 
     # Bob's same conversation starts from the template's opening only.
     assert ask(second_turn, bob_key)["usage"]["prompt_tokens_details"] == {"cached_tokens": opening}
+    # /metrics counts them.
+    assert cached_counted() - counted_before == opening + cached + opening
+
+
+def cached_counted() -> float:
+    return REGISTRY.get_sample_value("chatsite_cached_prompt_tokens_total", {"model": MODEL}) or 0.0
 
 
 def test_the_stream_usage_chunk_and_the_responses_api_say_it_too(alice, cached_engine, smollm):
