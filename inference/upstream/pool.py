@@ -103,7 +103,7 @@ class _Run:
     tool_rounds: int = 0  # rounds of calls run so far
     tool_calls_run: int = 0  # the calls of those rounds, counted on its usage record
     round_began: int = 0  # the index in `pieces` where this round's text begins
-    past_usage: dict[str, int] = field(default_factory=dict)  # the usage of the rounds before this one
+    past_usage: dict[str, Any] = field(default_factory=dict)  # the usage of the rounds before this one
 
     @property
     def priority(self) -> int:
@@ -718,6 +718,7 @@ class UpstreamPool:
             finish_reason=finish_reason,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
+            cached_tokens=min(_cached_tokens(usage), prompt_tokens),
             ttft_s=None if run.first_token_at is None else run.first_token_at - started,
             queue_wait_s=None if run.taken_at is None else run.taken_at - started,
             error_code=failure.code if failure is not None else None,
@@ -843,12 +844,25 @@ class UpstreamPool:
             await asyncio.sleep(self.health_interval_s)
 
 
-def _usage_added(earlier: dict[str, int], usage: dict[str, int]) -> dict[str, int]:
+def _usage_added(earlier: dict[str, Any], usage: dict[str, Any]) -> dict[str, Any]:
     """The usage of a tool loop's rounds so far: each count added up."""
     if not earlier:
         return usage
     counts = ("prompt_tokens", "completion_tokens", "total_tokens")
-    return {key: int(earlier.get(key, 0)) + int(usage.get(key, 0)) for key in counts if key in earlier or key in usage}
+    added: dict[str, Any] = {
+        key: int(earlier.get(key, 0)) + int(usage.get(key, 0)) for key in counts if key in earlier or key in usage
+    }
+    if cached := _cached_tokens(earlier) + _cached_tokens(usage):
+        added["prompt_tokens_details"] = {"cached_tokens": cached}
+    return added
+
+
+def _cached_tokens(usage: dict[str, Any]) -> int:
+    """The prompt's tokens a model server says it did not run again (OpenAI's
+    `prompt_tokens_details.cached_tokens`: vLLM's and llama-server's prefix caches), else 0."""
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return cached if isinstance(cached, int) and cached > 0 else 0
 
 
 def _call_safely(callback: Callable[[Any], None], argument: Any) -> None:

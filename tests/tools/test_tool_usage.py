@@ -1,5 +1,6 @@
 """Tool calls on the ledger: the pool counts the calls an answer ran, its usage record
-keeps the count as it settles, and the admin's usage list shows it."""
+keeps the count as it settles, and the admin's usage list shows it. And the usage a model
+server reports over a tool loop's rounds: its cached prompt tokens, added up."""
 
 from __future__ import annotations
 
@@ -129,3 +130,33 @@ def test_v1_usage_counts_the_callers_tool_calls_of_today_only(alice, bob):
     key = api_key_create(user=alice, name="usage")[1]
 
     assert get("/v1/usage", key).json()["tool_calls_today"] == 3
+
+
+def test_the_cached_tokens_a_model_server_reports_are_passed_on_and_added_up_over_tool_rounds(mcp_server):
+    def usage(cached: object) -> dict[str, object]:
+        details = {"prompt_tokens_details": {"cached_tokens": cached}}
+        return {"choices": [], "usage": {"prompt_tokens": 40, "completion_tokens": 2, "total_tokens": 42, **details}}
+
+    async def model_server(request: web.Request) -> web.Response:
+        body = await request.json()
+        if body.get("tool_choice") == "none":  # the second round: its prompt begins as the first's did
+            return event_stream([*text_chunks("Done."), usage(30)])
+        return event_stream([*call_chunks("add", '{"a": 1, "b": 1}'), usage(8)])
+
+    runner = McpRunner(ToolServerConfig("tests", mcp_server.url), max_rounds=1)
+    result = finished(model_server, {"messages": ASK, "tools": [ADD], "max_tokens": 200}, runner)
+    assert (result.prompt_tokens, result.cached_tokens) == (80, 38)
+    assert result.summary()["usage"]["prompt_tokens_details"] == {"cached_tokens": 38}
+
+
+@pytest.mark.parametrize(
+    "details", ["12", None, {"cached_tokens": "12"}, {"cached_tokens": -3}, {"cached_tokens": 2.5}, {}]
+)
+def test_a_model_servers_malformed_cached_tokens_count_as_none(details):
+    async def model_server(request: web.Request) -> web.Response:
+        usage = {"prompt_tokens": 40, "completion_tokens": 1, "total_tokens": 41, "prompt_tokens_details": details}
+        return event_stream([*text_chunks("Hi."), {"choices": [], "usage": usage}])
+
+    result = finished(model_server, {"messages": ASK})
+    assert (result.prompt_tokens, result.cached_tokens) == (40, 0)
+    assert "prompt_tokens_details" not in result.summary()["usage"]
