@@ -48,7 +48,7 @@ class ResponseOutcome:
 
     status: str = "in_progress"  # completed | incomplete | cancelled | failed | in_progress
     text: str = ""
-    usage: dict[str, Any] | None = None  # the generation's: prompt_tokens, completion_tokens, total_tokens
+    usage: dict[str, Any] | None = None  # the generation's: prompt, completion and total tokens, details
     error: dict[str, Any] | None = None  # {code, message}
     incomplete_reason: str | None = None
     completed_at: int | None = None
