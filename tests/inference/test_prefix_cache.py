@@ -209,3 +209,11 @@ def test_without_a_budget_only_the_templates_opening_is_reused(smollm, prefilled
     run(batch, [("alice", prompt)], 8)
     assert len(batch.prefixes) == 0
     assert prefilled == [[len(smollm.encode(prompt)["input_ids"][0]) - len(smollm.template_prefix())]]
+
+
+def test_a_model_with_sliding_window_layers_keeps_no_sequences(smollm, monkeypatch):
+    """Such a layer keeps only its window's last tokens: no beginning of them is whole."""
+    monkeypatch.setattr(smollm.model.config, "layer_types", ["sliding_attention", "full_attention"], raising=False)
+    assert open_batch(smollm, prefix_cache_bytes=64 * MIB).prefixes.budget_bytes == 0
+    monkeypatch.setattr(smollm.model.config, "layer_types", ["full_attention"] * 2)
+    assert open_batch(smollm, prefix_cache_bytes=64 * MIB).prefixes.budget_bytes == 64 * MIB
