@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 
 import pytest
 from aiohttp import web
@@ -255,8 +256,14 @@ def health_checks(upstream: ScriptedServer) -> int:
     return sum(path == "/v1/models" for _, path, _ in upstream.requests)
 
 
-def run_on_pool(upstream: ScriptedServer, *names: str, **endpoint_fields: object) -> list[list[StreamEvent]]:
-    """Each of `names` generated on a new pool, one after the other, to its terminal event."""
+def run_on_pool(
+    upstream: ScriptedServer,
+    *names: str,
+    before: Callable[[str], object] = lambda name: None,
+    **endpoint_fields: object,
+) -> list[list[StreamEvent]]:
+    """Each of `names` generated on a new pool, one after the other, to its terminal event,
+    `before(name)` called before each is submitted."""
     store = InMemoryStreamStore()
     pool = UpstreamPool(store, health_interval_s=60)
     endpoint = {"model": "remote", "base_url": upstream.base_url, "upstream_model": "m", **endpoint_fields}
@@ -264,6 +271,7 @@ def run_on_pool(upstream: ScriptedServer, *names: str, **endpoint_fields: object
     try:
         events = []
         for name in names:
+            before(name)
             pool.submit(
                 Job(name, CHAT["messages"]), model="remote", prompt_tokens=1, body={"messages": CHAT["messages"]}
             )
@@ -299,16 +307,12 @@ def test_a_connection_idle_longer_than_the_keepalive_is_not_used_again(monkeypat
     async def model_server(request: web.Request) -> web.Response:
         return event_stream([chunk_of("Hi", "stop")])
 
-    store = InMemoryStreamStore()
-    pool = UpstreamPool(store, health_interval_s=60)
+    def idle_before_the_last(name: str) -> None:
+        if name == "s4":
+            time.sleep(0.6)  # twice the keep-alive
+
     with ScriptedServer(model_server) as upstream:
-        pool.configure([endpoint_from_json({**ENDPOINT, "base_url": upstream.base_url}, "e")])
-        for stream_id in ("s1", "s2", "s3", "s4"):
-            if stream_id == "s4":
-                time.sleep(0.6)  # twice the keep-alive
-            pool.submit(Job(stream_id, CHAT["messages"]), model="remote", prompt_tokens=1, body=dict(CHAT))
-            wait_for_terminal(store, stream_id, timeout=10)
-        pool.shut_down(1)
+        run_on_pool(upstream, "s1", "s2", "s3", "s4", before=idle_before_the_last)
 
     peers = upstream.peers  # the connection of each request, health checks' too
     assert peers[-1] not in peers[:-1]  # every kept connection had been idle too long
